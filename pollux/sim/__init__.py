@@ -1,0 +1,1 @@
+"""Trace-driven cluster simulator, using the same model and policy code as the services."""

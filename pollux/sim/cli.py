@@ -1,0 +1,145 @@
+"""`pollux-sim`: command line of the trace-driven simulator and its model tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pollux.goodput import (
+    GoodputError,
+    GoodputModel,
+    GradParams,
+    SyncModel,
+    best_batch,
+    fit_perf_params,
+    speedup_table,
+    step_times,
+)
+from pollux.sim.traces import (
+    ApplicationTrace,
+    ThroughputTrace,
+    TraceFormatError,
+    default_data_root,
+    load_application,
+    load_applications,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="pollux-sim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit = sub.add_parser(
+        "fit",
+        help="fit and print the goodput model of application traces",
+        description="Fit the throughput model of each application on the "
+        "placements that use at most --max-nodes nodes, report its "
+        "error on the larger ones and print the speedup table.",
+    )
+    fit.add_argument(
+        "apps",
+        nargs="*",
+        type=Path,
+        help="application trace folders (default: every published application)",
+    )
+    fit.add_argument(
+        "--max-nodes",
+        type=int,
+        default=2,
+        help="fit on placements with at most this many nodes (default 2)",
+    )
+    fit.add_argument(
+        "--sync-model",
+        choices=[m.value for m in SyncModel],
+        default=SyncModel.RING.value,
+        help="shape of sync-time growth",
+    )
+    args = parser.parse_args(argv)
+    try:
+        apps = (
+            [load_application(p) for p in args.apps]
+            if args.apps
+            else list(load_applications(default_data_root() / "traces").values())
+        )
+        for app in apps:
+            print_fit(app, args.max_nodes, SyncModel(args.sync_model))
+    except (TraceFormatError, GoodputError) as err:
+        print(f"pollux-sim: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def print_fit(app: ApplicationTrace, max_nodes: int, sync_model: SyncModel) -> None:
+    """Fit one application and print parameters, held-out error and speedups."""
+    rows = ThroughputTrace.concat(app.placements, app.scalability)
+    train = rows.select(rows.num_nodes <= max_nodes).mean_by_configuration()
+    test = rows.select(rows.num_nodes > max_nodes)
+    if len(train) == 0:
+        raise TraceFormatError(Path(app.name), f"no placements with ≤ {max_nodes} nodes to fit")
+    fit = fit_perf_params(
+        train.num_nodes,
+        train.num_replicas,
+        train.atomic_bsz,
+        train.accum_time,
+        train.step_time,
+        sync_model=sync_model,
+    )
+    p = fit.params
+    print(
+        f"== {app.name}: {len(train)} configurations with ≤ {max_nodes} nodes, "
+        f"{sync_model.value} sync model, {'converged' if fit.converged else 'NOT converged'}"
+    )
+    print(f"   compute  alpha_c={p.alpha_c:.4g} s  beta_c={p.beta_c:.4g} s/sample")
+    print(
+        f"   network  alpha_n={p.alpha_n:.4g} s  beta_n={p.beta_n:.4g} s   "
+        f"local alpha_r={p.alpha_r:.4g} s  beta_r={p.beta_r:.4g} s   gamma={p.gamma:.3g}"
+    )
+    if fit.pinned:
+        pinned = ", ".join(sorted(fit.pinned))
+        print(f"   pinned (not identifiable from these placements): {pinned}")
+    if len(test):
+        _, predicted = step_times(p, test.num_nodes, test.num_replicas, test.atomic_bsz)
+        err = np.abs(predicted - test.step_time) / test.step_time * 100
+        print(
+            f"   step-time error on {len(test)} rows with > {max_nodes} nodes: "
+            f"median {np.median(err):.1f} %, p90 {np.percentile(err, 90):.1f} %"
+        )
+
+    run = app.validation[app.init_batch_size]
+    epoch = len(run.grad_sqr) // 2
+    grad = GradParams(sqr=max(float(run.grad_sqr[epoch]), 0.0), var=float(run.grad_var[epoch]))
+    low, high = app.atomic_bsz_range
+    model = GoodputModel(
+        p,
+        grad,
+        init_batch_size=app.init_batch_size,
+        max_batch_size=app.max_batch_size,
+        min_atomic_bsz=low,
+        max_atomic_bsz=high,
+        accumulation=True,
+    )
+    table = speedup_table(model, max_nodes=16, max_replicas=64, gpus_per_node=4)
+    columns = [1, 2, 4, 8, 16, 32, 64]
+    print(
+        f"   speedup over one GPU at epoch {epoch} (noise scale var/sqr = "
+        f"{grad.noise_scale:.3g}; M0={app.init_batch_size}, max batch {app.max_batch_size}):"
+    )
+    print("        " + "".join(f"K={k:<6}" for k in columns))
+    for n in (1, 2, 4, 8, 16):
+        cells = "".join(f"{table[n, k]:<8.2f}" if table[n, k] > 0 else " " * 8 for k in columns)
+        print(f"   N={n:<3} {cells}")
+    n_best, k_best = np.unravel_index(np.argmax(table), table.shape)
+    choice = best_batch(model, int(n_best), int(k_best))
+    m, s = int(choice.atomic_bsz), int(choice.accum_steps)
+    print(
+        f"   best allocation: {k_best} GPUs on {n_best} nodes, per-GPU batch {m} × "
+        f"{s + 1} micro-batches = total {k_best * m * (s + 1)}, speedup {table.max():.2f}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

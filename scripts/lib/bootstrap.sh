@@ -1,0 +1,48 @@
+# shellcheck shell=bash
+# Sourced by scripts/test and scripts/demo: makes .venv and installs pollux (editable) with the
+# extras named in $POLLUX_EXTRAS, reinstalling only when pyproject.toml or the extras change.
+# Works on a fresh Debian machine that has nothing but python3 (≥ 3.11).
+set -euo pipefail
+
+POLLUX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV="$POLLUX_ROOT/.venv"
+PY=${PYTHON:-python3}
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "error: need root to run: $*" >&2; return 1; fi
+}
+
+apt_install() {
+  # Installs Debian packages, running apt-get update once per boot of this script.
+  if [ -z "${_POLLUX_APT_UPDATED:-}" ]; then
+    as_root apt-get update -qq
+    _POLLUX_APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_venv() {
+  local extras=$1
+  if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "error: Pollux needs Python ≥ 3.11 as '$PY' (set PYTHON=/path/to/python3.11)" >&2
+    return 1
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+      # Debian splits venv/ensurepip into python3-venv.
+      rm -rf "$VENV"
+      apt_install python3-venv
+      "$PY" -m venv "$VENV"
+    fi
+  fi
+  local want stamp="$VENV/.pollux-install"
+  want="$(sha256sum "$POLLUX_ROOT/pyproject.toml" | cut -c1-16) [$extras]"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    local target="$POLLUX_ROOT"
+    [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
+    echo "==> installing pollux${extras:+[$extras]} into .venv" >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$target"
+    echo "$want" >"$stamp"
+  fi
+}
