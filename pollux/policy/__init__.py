@@ -1,0 +1,25 @@
+"""Cluster policies: pure functions from a cluster snapshot to every job's allocation."""
+
+from pollux.policy.types import (
+    Allocation,
+    AllocationDecision,
+    ClusterState,
+    JobExplain,
+    JobInfo,
+    NodeInfo,
+    OracleInfo,
+    Policy,
+    PolicyInputError,
+)
+
+__all__ = [
+    "Allocation",
+    "AllocationDecision",
+    "ClusterState",
+    "JobExplain",
+    "JobInfo",
+    "NodeInfo",
+    "OracleInfo",
+    "Policy",
+    "PolicyInputError",
+]

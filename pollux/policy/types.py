@@ -1,0 +1,159 @@
+"""Inputs and outputs shared by every cluster policy (Pollux, Optimus+Oracle, Tiresias).
+
+A policy is a pure function of a `ClusterState` snapshot, the `memory` it returned last round,
+and a random generator: no clock, ids or randomness of its own, so that the simulator and the
+scheduler service get the same decision from the same inputs, and a recorded decision can be
+replayed. Allocations name a node per replica; the same node repeated means several replicas
+(GPUs) on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from pollux.goodput import GoodputModel
+
+Allocation = tuple[str, ...]
+"""Node name of each replica, replicas of one node adjacent; () means no GPUs."""
+
+
+class PolicyInputError(ValueError):
+    """A cluster state a policy cannot act on (e.g. an allocation naming an unknown node).
+
+    Attributes:
+        field: The offending part of the state, e.g. ``"jobs[job-3].allocation"``.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node that can run replicas.
+
+    Attributes:
+        name: Unique node name.
+        gpus: Number of GPUs (replica slots) on the node, ≥ 1.
+    """
+
+    name: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class OracleInfo:
+    """What Optimus+Oracle knows about a job (in the simulator: the truth from the traces).
+
+    Attributes:
+        step_time: Seconds per optimizer step at K replicas on a consolidated placement, indexed
+            by K (entry 0 unused); its length - 1 is the most replicas that were evaluated.
+        remaining_iterations: Optimizer steps left until the job completes.
+    """
+
+    step_time: npt.NDArray[np.float64]
+    remaining_iterations: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One active job as the policy sees it.
+
+    Attributes:
+        name: Unique job name.
+        submission_time: When the job was submitted (seconds, same clock as `ClusterState.now`).
+        allocation: Its current allocation.
+        restarts: Re-allocations so far (the first allocation is not a restart).
+        attained_service: GPU-seconds the job has held so far.
+        min_replicas: Fewest replicas it may run on once allocated (0: may be suspended).
+        max_replicas: Most replicas it may be given.
+        model: Its goodput model, or None before one has been fitted (Pollux assumes linear
+            scaling then).
+        target_replicas: A fixed GPU demand (Tiresias runs jobs at exactly this size).
+        target_batch_size: A fixed total batch size (baselines that do not adapt it).
+        oracle: Step times and remaining work (Optimus+Oracle).
+    """
+
+    name: str
+    submission_time: float
+    allocation: Allocation = ()
+    restarts: int = 0
+    attained_service: float = 0.0
+    min_replicas: int = 0
+    max_replicas: int = 1
+    model: GoodputModel | None = None
+    target_replicas: int | None = None
+    target_batch_size: int | None = None
+    oracle: OracleInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """A consistent snapshot of the cluster for one scheduling round.
+
+    Attributes:
+        now: The round's time (seconds).
+        nodes: Nodes in a stable order (the order breaks ties).
+        jobs: Active (submitted, unfinished) jobs in submission order.
+    """
+
+    now: float
+    nodes: tuple[NodeInfo, ...]
+    jobs: tuple[JobInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobExplain:
+    """Why a job got what it got, for `pollux-cli explain` and the decision journal.
+
+    Attributes:
+        speedup: Predicted speedup of the new allocation (policy's own normalisation; 0 with
+            no GPUs).
+        penalty: Factor applied to the speedup for re-allocating (1.0 when unchanged).
+        reason: One line a user can read, e.g. "unchanged", "scaled 2 → 4 GPUs",
+            "pending: higher-priority jobs hold every GPU".
+    """
+
+    speedup: float
+    penalty: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationDecision:
+    """A policy's answer for one round.
+
+    Attributes:
+        allocations: New allocation of every job in the state (() for none).
+        explain: Per-job explanation, same keys as `allocations`.
+        objective: The value the policy maximised (policy-specific; NaN if none).
+        memory: Opaque state to pass back next round (e.g. Tiresias queues, a warm start).
+    """
+
+    allocations: Mapping[str, Allocation]
+    explain: Mapping[str, JobExplain]
+    objective: float = float("nan")
+    memory: object | None = field(default=None)
+
+
+class Policy(Protocol):
+    """What the simulator and the scheduler service call each round."""
+
+    @property
+    def name(self) -> str:
+        """Short name: "pollux", "optimus" or "tiresias"."""
+        ...
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        """Choose every job's allocation for this round."""
+        ...
