@@ -127,6 +127,7 @@ def fit_perf_params(
     *,
     sync_model: SyncModel = SyncModel.RING,
     max_starts: int = 4,
+    initial: PerfParams | None = None,
 ) -> FitResult:
     """Fit the throughput model to observed mean step times.
 
@@ -139,6 +140,8 @@ def fit_perf_params(
         sync_model: Shape of sync-time growth (`SyncModel.LINEAR` is the published one).
         max_starts: Most optimiser starts; later ones run only if the previous failed. 1
             reproduces the published single start.
+        initial: A previous fit to start from (e.g. before one more observation arrived). It
+            replaces the two default starts; they run only if it fails to converge.
 
     Returns:
         The fit; see `FitResult`.
@@ -168,8 +171,15 @@ def fit_perf_params(
     message = "no start tried"
     starts = 0
     log_bounds = Bounds(np.log(LOWER[free]), np.log(UPPER[free]), keep_feasible=True)
-    for x0 in _starts(obs, start, free, max_starts):
-        if starts >= ALWAYS_RUN_STARTS and best is not None and best[1]:
+    candidates = _starts(obs, start, free, max_starts)
+    always = ALWAYS_RUN_STARTS
+    if initial is not None:
+        warm = start.copy()
+        warm[free] = np.clip(np.array(initial.as_tuple())[free], LOWER[free], UPPER[free])
+        candidates = [warm, *candidates][:max_starts]
+        always = 1
+    for x0 in candidates:
+        if starts >= always and best is not None and best[1]:
             break
         starts += 1
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

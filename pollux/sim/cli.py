@@ -19,6 +19,8 @@ from pollux.goodput import (
     speedup_table,
     step_times,
 )
+from pollux.sim.report import ReportError, compare_main
+from pollux.sim.runner import MODES, POLICIES, run, spec_for, stderr_progress
 from pollux.sim.traces import (
     ApplicationTrace,
     ThroughputTrace,
@@ -58,8 +60,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=SyncModel.RING.value,
         help="shape of sync-time growth",
     )
+    run = sub.add_parser(
+        "run",
+        help="simulate a workload (or a folder of them in parallel)",
+        description="Simulate workloads under a policy and write DIR/summary.json "
+        "(published format), DIR/run.json and one DIR/<workload>.jsonl "
+        "per workload with a record per scheduling round.",
+    )
+    run.add_argument("workload", type=Path, help="a workload CSV or a folder of them")
+    run.add_argument("--policy", choices=POLICIES, default="pollux")
+    run.add_argument(
+        "--mode", choices=MODES, default="faithful", help="faithful: the published configuration"
+    )
+    run.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    run.add_argument(
+        "--interference",
+        type=float,
+        default=0.0,
+        help="slowdown (0-1) of distributed jobs sharing a node",
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--nodes", type=int, default=16)
+    run.add_argument("--gpus-per-node", type=int, default=4)
+    run.add_argument(
+        "--processes", type=int, default=None, help="parallel workloads (default: one per CPU)"
+    )
+    run.add_argument("--output", type=Path, required=True, help="run directory to write")
+    compare = sub.add_parser(
+        "compare", help="compare run directories with each other and with the published results"
+    )
+    compare.add_argument("runs", nargs="+", type=Path, help="run directories")
+    compare.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="folder of published <policy>-<load>.json results (default: the "
+        "bundled paper-results)",
+    )
+    compare.add_argument("--no-reference", action="store_true", help="compare runs only")
+    compare.add_argument("--plot", type=Path, default=None, help="write a JCT-vs-load PNG here")
     args = parser.parse_args(argv)
     try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "compare":
+            reference = (
+                None
+                if args.no_reference
+                else (args.reference or default_data_root() / "paper-results")
+            )
+            print(compare_main(args.runs, reference, args.plot))
+            return 0
         apps = (
             [load_application(p) for p in args.apps]
             if args.apps
@@ -67,9 +118,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for app in apps:
             print_fit(app, args.max_nodes, SyncModel(args.sync_model))
-    except (TraceFormatError, GoodputError) as err:
+    except (TraceFormatError, GoodputError, ReportError, ValueError, FileNotFoundError) as err:
         print(f"pollux-sim: error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = spec_for(
+        args.policy,
+        args.mode,
+        interval=args.interval,
+        interference=args.interference,
+        seed=args.seed,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    )
+    summary = run(
+        args.workload, spec, args.output, processes=args.processes, progress=stderr_progress
+    )
+    for name, avg in summary["avgs"].items():
+        print(f"{name}: average JCT {avg:.1f} s")
+    print(f"mean of workload averages: {summary['mean']:.1f} s  (written to {args.output})")
     return 0
 
 

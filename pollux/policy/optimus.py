@@ -1,0 +1,202 @@
+"""Optimus+Oracle, the baseline that sizes jobs by marginal gain in remaining time (reference §6.1).
+
+Pollux is compared against Optimus given an oracle: each job's true step time at every replica
+count and its true remaining iterations, instead of fitted models. The batch size stays fixed;
+only GPU counts adapt. Implementing it behind the same `Policy` protocol as Pollux lets the
+simulator and the scheduler service run the published comparison unchanged.
+
+The round has two phases:
+
+1. **Counts.** Every job, in submission order, gets one GPU while any remain; then, one GPU at
+   a time, the job whose estimated remaining time drops most, (T(K) − T(K+1)) × remaining, gets
+   another, until no GPU is left or no job gains.
+2. **Placement.** Jobs whose count did not change keep their nodes; the others are placed in
+   increasing count, each on the nodes with the most free GPUs (no interference avoidance).
+
+Both phases are deterministic (ties go to the earlier job and node in the snapshot's order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pollux.policy.allocation import canonical, make_allocation, validate_state
+from pollux.policy.types import (
+    Allocation,
+    AllocationDecision,
+    ClusterState,
+    JobExplain,
+    JobInfo,
+    OracleInfo,
+    PolicyInputError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OptimusPolicy:
+    """Optimus with oracle step times and remaining work (see the module docstring).
+
+    It keeps no memory between rounds (`AllocationDecision.memory` is None) and ignores the
+    `memory` and `rng` it is given. Its objective is the estimated total remaining seconds of
+    the jobs it gives GPUs, Σ remaining_j × T(K_j), which the count phase greedily lowers;
+    jobs left without GPUs are excluded, since their remaining time is unbounded.
+    """
+
+    @property
+    def name(self) -> str:
+        """Short name of the policy."""
+        return "optimus"
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        """Choose every job's allocation for this round.
+
+        Raises:
+            PolicyInputError: The state is invalid, or a job lacks a usable oracle.
+        """
+        validate_state(state)
+        oracles = [checked_oracle(job) for job in state.jobs]
+        total = sum(node.gpus for node in state.nodes)
+        counts = choose_counts(state.jobs, oracles, total)
+        allocations = place(state, counts)
+        return AllocationDecision(
+            allocations=allocations,
+            explain={job.name: explain(job, allocations[job.name]) for job in state.jobs},
+            objective=remaining_time(oracles, counts),
+        )
+
+
+def checked_oracle(job: JobInfo) -> OracleInfo:
+    """The job's oracle, after checking it can price every replica count it covers.
+
+    Raises:
+        PolicyInputError: The oracle is missing, covers no replica count, or holds a
+            non-finite, non-positive step time or a negative remaining count.
+    """
+    where = f"jobs[{job.name}].oracle"
+    oracle = job.oracle
+    if oracle is None:
+        raise PolicyInputError(where, "Optimus+Oracle needs step times and remaining iterations")
+    step_time = oracle.step_time
+    if step_time.ndim != 1 or step_time.size < 2:
+        raise PolicyInputError(
+            f"{where}.step_time", "must be 1-D and cover at least K = 1 (entry 0 is unused)"
+        )
+    if not np.all(np.isfinite(step_time[1:]) & (step_time[1:] > 0)):
+        raise PolicyInputError(f"{where}.step_time", "entries 1.. must be finite and > 0")
+    if not (math.isfinite(oracle.remaining_iterations) and oracle.remaining_iterations >= 0):
+        raise PolicyInputError(
+            f"{where}.remaining_iterations",
+            f"must be finite and ≥ 0, got {oracle.remaining_iterations}",
+        )
+    return oracle
+
+
+def choose_counts(jobs: Sequence[JobInfo], oracles: Sequence[OracleInfo], total: int) -> list[int]:
+    """GPU count of each job: one each in arrival order, then greedy marginal gain (§6.1).
+
+    A job with max_replicas 0 is never started, so that max_replicas is always respected.
+    """
+    counts = []
+    free = total
+    for job in jobs:
+        first = min(1, free, job.max_replicas)
+        counts.append(first)
+        free -= first
+    gains = [gain(job, oracle, k) for job, oracle, k in zip(jobs, oracles, counts, strict=True)]
+    while free > 0 and gains and max(gains) > 0:
+        best = gains.index(max(gains))  # first maximum: ties go to the earlier job
+        counts[best] += 1
+        free -= 1
+        gains[best] = gain(jobs[best], oracles[best], counts[best])
+    return counts
+
+
+def gain(job: JobInfo, oracle: OracleInfo, k: int) -> float:
+    """Drop in estimated remaining seconds from a (k+1)-th GPU; 0 where none may be added.
+
+    A job without a GPU (k = 0) gains nothing here: it waits for the next round's first pass.
+    """
+    if k == 0 or k + 1 > job.max_replicas or k + 1 >= oracle.step_time.size:
+        return 0.0
+    return float(oracle.step_time[k] - oracle.step_time[k + 1]) * oracle.remaining_iterations
+
+
+def place(state: ClusterState, counts: Sequence[int]) -> dict[str, Allocation]:
+    """Allocations for the chosen counts: unchanged counts stay put, the rest pack freest-first.
+
+    Kept allocations are returned in canonical order (the same nodes, so no restart).
+    """
+    order = [node.name for node in state.nodes]
+    free = {node.name: node.gpus for node in state.nodes}
+    allocations: dict[str, Allocation] = {job.name: () for job in state.jobs}
+    moved = []
+    for j, (job, k) in enumerate(zip(state.jobs, counts, strict=True)):
+        if k == len(job.allocation):
+            allocations[job.name] = canonical(job.allocation, order)
+            for node in job.allocation:
+                free[node] -= 1
+        else:
+            moved.append((k, j))
+    for k, j in sorted(moved):  # increasing count, ties in job order (reference §6.1)
+        allocations[state.jobs[j].name] = place_on_freest(k, free, order)
+    return allocations
+
+
+def place_on_freest(need: int, free: dict[str, int], order: Sequence[str]) -> Allocation:
+    """Take GPUs from the node with the most free GPUs (ties: `order`) until `need` are held.
+
+    Shared by Optimus and Tiresias, whose published placements both work this way. The GPUs
+    taken are subtracted from `free` in place.
+
+    Raises:
+        ValueError: Fewer than `need` GPUs are free (the callers' counts rule this out).
+    """
+    if need > sum(free.values()):
+        raise ValueError(f"cannot place {need} GPUs: only {sum(free.values())} are free")
+    taken: dict[str, int] = {}
+    while need > 0:
+        node = max(order, key=free.__getitem__)  # first maximum: ties in node order
+        take = min(need, free[node])
+        taken[node] = take
+        free[node] -= take
+        need -= take
+    return make_allocation(taken, order)
+
+
+def explain(job: JobInfo, allocation: Allocation) -> JobExplain:
+    """Why the job got `allocation`, with the GPU count standing in for its speedup."""
+    old, new = len(job.allocation), len(allocation)
+    if new == 0 and job.max_replicas == 0:
+        reason = "pending: max_replicas is 0"
+    elif new == old:
+        reason = "unchanged" if new else "pending: every GPU went to earlier jobs"
+    elif new == 0:
+        reason = "preempted: every GPU went to earlier jobs"
+    elif old == 0:
+        reason = f"started on {gpus(new)}"
+    else:
+        reason = f"scaled {old} → {gpus(new)}"
+    return JobExplain(speedup=float(new), penalty=1.0, reason=reason)
+
+
+def gpus(count: int) -> str:
+    """A GPU count for an explanation: "1 GPU", "4 GPUs"."""
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def remaining_time(oracles: Sequence[OracleInfo], counts: Sequence[int]) -> float:
+    """Σ remaining_j × T(K_j) over the jobs with GPUs: the objective the count phase lowers."""
+    return sum(
+        (
+            o.remaining_iterations * float(o.step_time[k])
+            for o, k in zip(oracles, counts, strict=True)
+            if k
+        ),
+        0.0,
+    )

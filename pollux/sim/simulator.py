@@ -1,0 +1,436 @@
+"""Trace-driven cluster simulator (published semantics: pollux-reference.md §5).
+
+Jobs advance through the measured traces of their application: step times come from the
+placement traces, gradient statistics and progress from the validation runs. Every `interval`
+seconds the policy (the same code the Scheduler service runs) re-allocates GPUs; a changed
+allocation costs `restart_delay` seconds of no progress. Pollux jobs fit their own throughput
+model from the step times they experience and choose their batch size with it, as the real
+agent does. The simulation is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pollux.goodput import (
+    UNKNOWN_GRAD,
+    GoodputModel,
+    GradParams,
+    PerfParams,
+    SyncModel,
+    best_batch,
+    fit_perf_params,
+)
+from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy
+from pollux.sim.application import Application, split_fixed_batch
+from pollux.sim.workload import WorkloadJob
+
+NCF_BATCH = 32768  # the published simulator runs ncf at a fixed batch on one GPU (§5.2)
+MAX_REPLICAS = 64  # the published cap on any job's replicas in the simulator (§4.1)
+
+
+class JobMode(enum.Enum):
+    """How jobs size themselves under a policy (reference §5.2).
+
+    Attributes:
+        ADAPTIVE: Pollux: GPU count from the policy, batch size from the job's goodput model.
+        FIXED_BATCH: Optimus+Oracle: GPU count from the policy, the workload's batch size.
+        FIXED: Tiresias: the workload's GPU count and batch size.
+    """
+
+    ADAPTIVE = "adaptive"
+    FIXED_BATCH = "fixed_batch"
+    FIXED = "fixed"
+
+
+MODES = {"pollux": JobMode.ADAPTIVE, "optimus": JobMode.FIXED_BATCH, "tiresias": JobMode.FIXED}
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulator settings; the defaults are the published ones.
+
+    Attributes:
+        nodes: Number of nodes.
+        gpus_per_node: GPUs per node (the traces cover up to 4).
+        interval: Seconds between scheduling rounds.
+        restart_delay: Seconds without progress after each re-allocation.
+        interference: Slowdown (0–1) of distributed jobs that share a node with another
+            distributed job.
+        seed: Seed of the random generator handed to the policy.
+        sync_model: Sync-time shape the jobs' throughput fits use (LINEAR is published).
+        max_replicas: Cap on any job's replicas.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    restart_delay: float = 30.0
+    interference: float = 0.0
+    seed: int = 0
+    sync_model: SyncModel = SyncModel.LINEAR
+    max_replicas: int = MAX_REPLICAS
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
+            raise ValueError("need nodes ≥ 1 and 1 ≤ gpus_per_node ≤ 4 (traces cover ≤ 4)")
+        if self.interval <= 0 or self.restart_delay < 0 or not 0 <= self.interference < 1:
+            raise ValueError("need interval > 0, restart_delay ≥ 0, 0 ≤ interference < 1")
+
+
+@dataclass(slots=True)
+class SimJob:
+    """A job's mutable simulation state (reference §5.2)."""
+
+    spec: WorkloadJob
+    app: Application
+    mode: JobMode
+    sync_model: SyncModel
+    target_batch: int | None = None
+    target_replicas: int | None = None
+    allocation: tuple[int, ...] = ()
+    atomic_bsz: int = 0
+    accum_steps: int = 0
+    profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    perf: PerfParams | None = None
+    grad: tuple[float, float] | None = None
+    progress: float = 0.0
+    epoch: int = 0
+    clock: float = 0.0
+    rescale_time: float = 0.0
+    attained_service: float = 0.0
+    restarts: int | None = None
+    completion_time: float | None = None
+
+    @classmethod
+    def create(
+        cls, spec: WorkloadJob, app: Application, mode: JobMode, sync_model: SyncModel
+    ) -> SimJob:
+        """A job as submitted, sized for `mode`."""
+        job = cls(spec=spec, app=app, mode=mode, sync_model=sync_model)
+        if mode is JobMode.ADAPTIVE:
+            if app.name == "ncf":
+                job.target_batch = NCF_BATCH
+        else:
+            job.target_batch = spec.batch_size
+            if mode is JobMode.FIXED:
+                job.target_replicas = spec.num_replicas
+        return job
+
+    # -- derived state ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The workload's job name."""
+        return self.spec.name
+
+    @property
+    def completed(self) -> bool:
+        """Whether the job has finished its last epoch."""
+        return self.completion_time is not None
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """Replicas per node in node order, zeros dropped (e.g. (4, 2))."""
+        counts = Counter(self.allocation)
+        return tuple(counts[n] for n in sorted(counts))
+
+    @property
+    def batch_size(self) -> int:
+        """Total batch size M = K·m·(s+1) (0 without GPUs)."""
+        return len(self.allocation) * self.atomic_bsz * (self.accum_steps + 1)
+
+    def max_replicas(self, cap: int) -> int:
+        """Most replicas the policy may give the job (reference §4.1, simulator rule)."""
+        app = self.app
+        if app.name == "ncf":
+            return 1
+        if self.mode is JobMode.FIXED:
+            return self.target_replicas or 1
+        by_batch = (self.target_batch or app.max_batch_size) // app.min_local_bsz
+        if self.mode is JobMode.FIXED_BATCH:
+            return max(1, by_batch)
+        profiled = max((k for _, k, _ in self.profile), default=0)
+        return max(1, min(max(2 * profiled, 1), cap, by_batch))
+
+    def goodput_model(self) -> GoodputModel | None:
+        """The job's own goodput model, once it has fitted its throughput."""
+        if self.perf is None:
+            return None
+        app = self.app
+        return GoodputModel(
+            self.perf,
+            self._grad_params(),
+            init_batch_size=app.init_batch_size,
+            max_batch_size=app.max_batch_size,
+            min_atomic_bsz=app.min_local_bsz,
+            max_atomic_bsz=app.max_local_bsz,
+            accumulation=True,
+        )
+
+    def _grad_params(self) -> GradParams:
+        if self.grad is None:
+            return UNKNOWN_GRAD
+        sqr, var = max(self.grad[0], 0.0), max(self.grad[1], 0.0)
+        return UNKNOWN_GRAD if sqr == 0.0 and var == 0.0 else GradParams(sqr, var)
+
+    # -- batch size -------------------------------------------------------------------------
+
+    def update_local_bsz(self) -> None:
+        """Re-choose (m, s) for the current allocation (reference §5.2)."""
+        replicas = len(self.allocation)
+        if replicas == 0:
+            return
+        app = self.app
+        model = self.goodput_model() if self.target_batch is None else None
+        if model is not None:
+            choice = best_batch(model, len(self.placement), replicas)
+            m, s = int(choice.atomic_bsz), int(choice.accum_steps)
+            if m == 0:  # no feasible batch on this allocation: smallest split of M0
+                m, s = split_fixed_batch(app.init_batch_size, replicas, app)
+        else:
+            target = self.target_batch or max(app.init_batch_size, app.min_local_bsz * replicas)
+            m, s = split_fixed_batch(target, replicas, app)
+        self.atomic_bsz = min(m, app.max_batch_size // (replicas * (s + 1)))
+        self.accum_steps = s
+
+    def reallocate(self, allocation: tuple[int, ...], restart_delay: float) -> None:
+        """Apply a new allocation; a non-empty one costs a checkpoint-restart (§5.2)."""
+        self.allocation = allocation
+        if allocation:
+            self.update_local_bsz()
+            self.rescale_time = restart_delay
+            self.restarts = 0 if self.restarts is None else self.restarts + 1
+        else:
+            self.atomic_bsz = 0
+            self.accum_steps = 0
+
+    # -- advancing time ---------------------------------------------------------------------
+
+    def step(self, seconds: float, interference: float) -> None:
+        """Advance the job's clock by `seconds` (reference §5.3)."""
+        if not self.allocation or self.completed:
+            self.clock += seconds
+            return
+        replicas = len(self.allocation)
+        delay = min(self.rescale_time, seconds)
+        self.clock += delay
+        self.attained_service += delay * replicas
+        self.rescale_time -= delay
+        seconds -= delay
+        app = self.app
+        while seconds > 0 and not self.completed:
+            placement = self.placement
+            batch = self.batch_size
+            scale = batch / app.init_batch_size
+            step_time, sync_time = app.throughput(placement, self.atomic_bsz)
+            sqr, var = app.grad_stats(_clamp_batch(app, batch), self.epoch)
+            gain = (var + sqr) / (var / scale + sqr) if var / scale + sqr > 0 else 1.0
+            self._observe(len(placement), replicas, step_time, sync_time, sqr, var)
+            iteration = step_time + (step_time - sync_time) * self.accum_steps
+            rate = gain / iteration * (1.0 - interference)  # progress per second
+            target = app.progress(self.epoch + 1)
+            if self.progress + rate * seconds < target:
+                self.progress += rate * seconds
+                self.clock += seconds
+                self.attained_service += seconds * replicas
+                seconds = 0.0
+            else:
+                self.epoch += 1
+                delta = float(round((target - self.progress) / rate))  # whole seconds (§5.3)
+                self.progress = target
+                if self.epoch > app.completion_epoch:
+                    self.completion_time = self.clock + delta
+                self.clock += delta
+                self.attained_service += delta * replicas
+                seconds -= delta
+                self.update_local_bsz()
+        self.clock += max(seconds, 0.0)
+
+    def _observe(
+        self, nodes: int, replicas: int, step_time: float, sync_time: float, sqr: float, var: float
+    ) -> None:
+        """Record gradient statistics and, for a new configuration, refit the throughput."""
+        self.grad = (sqr, var)
+        key = (nodes, replicas, self.atomic_bsz)
+        if key in self.profile:
+            return
+        self.profile[key] = (step_time, sync_time)
+        if self.mode is not JobMode.ADAPTIVE:
+            return
+        n, k, m = (np.array(c) for c in zip(*self.profile, strict=True))
+        times = np.array(list(self.profile.values()))
+        self.perf = fit_perf_params(
+            n,
+            k,
+            m,
+            times[:, 0] - times[:, 1],
+            times[:, 0],
+            sync_model=self.sync_model,
+            initial=self.perf,
+        ).params
+
+    # -- policy view --------------------------------------------------------------------------
+
+    def info(self, now: float, node_names: Sequence[str], config: SimConfig) -> JobInfo:
+        """How the policy sees this job at time `now`."""
+        oracle = self._oracle(config) if self.mode is JobMode.FIXED_BATCH else None
+        return JobInfo(
+            name=self.name,
+            submission_time=self.spec.submission_time,
+            allocation=tuple(node_names[n] for n in self.allocation),
+            restarts=self.restarts or 0,
+            attained_service=self.attained_service,
+            max_replicas=self.max_replicas(config.max_replicas),
+            model=self.goodput_model() if self.mode is JobMode.ADAPTIVE else None,
+            target_replicas=self.target_replicas,
+            target_batch_size=self.target_batch,
+            oracle=oracle,
+        )
+
+    def _oracle(self, config: SimConfig) -> OracleInfo:
+        """True step times and remaining iterations from the traces (reference §6.1)."""
+        app, batch = self.app, self.target_batch or self.app.init_batch_size
+        top = min(self.max_replicas(config.max_replicas), config.nodes * config.gpus_per_node)
+        times = np.full(top + 1, np.inf)
+        for k in range(1, top + 1):
+            times[k] = app.consolidated_step_time(k, batch, config.gpus_per_node)
+        if self.epoch > app.completion_epoch:
+            remaining = 1.0
+        else:
+            remaining = app.iteration(batch, app.completion_epoch) - app.iteration(
+                batch, self.epoch
+            )
+        return OracleInfo(step_time=times, remaining_iterations=max(remaining, 1.0))
+
+    def record(self) -> dict[str, Any]:
+        """This job's entry in the per-round log (reference §7.6)."""
+        return {
+            "name": self.name,
+            "epoch": self.epoch,
+            "progress": self.progress,
+            "num_restarts": self.restarts,
+            "allocation": list(self.allocation),
+            "placement": list(self.placement),
+            "batch_size": self.batch_size,
+            "accum_steps": self.accum_steps,
+            "submission_time": self.spec.submission_time,
+            "completion_time": self.completion_time,
+            "grad_params": list(self.grad) if self.grad is not None else None,
+        }
+
+
+def _clamp_batch(app: Application, batch: int) -> float:
+    """Validation traces cover [M0, max batch]; rounding may step just outside."""
+    return float(min(max(batch, app.init_batch_size), app.max_batch_size))
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Outcome of one simulated workload.
+
+    Attributes:
+        jcts: Job completion time (completion − submission, seconds) per job.
+        makespan: Time at which the last job completed.
+        rounds: Number of scheduling rounds run.
+    """
+
+    jcts: dict[str, float]
+    makespan: float
+    rounds: int
+
+    @property
+    def average_jct(self) -> float:
+        """Mean JCT over the workload's jobs."""
+        return float(np.mean(list(self.jcts.values())))
+
+
+RoundHook = Callable[[dict[str, Any]], None]
+
+
+def simulate(
+    workload: Sequence[WorkloadJob],
+    apps: dict[str, Application],
+    policy: Policy,
+    config: SimConfig = SimConfig(),
+    *,
+    on_round: RoundHook | None = None,
+    max_time: float = 30 * 24 * 3600.0,
+) -> SimResult:
+    """Run a workload to completion under `policy` (reference §5.4).
+
+    Args:
+        workload: Jobs in submission order.
+        apps: Application models by name.
+        policy: The cluster policy.
+        config: Simulator settings.
+        on_round: Called with each round's log record (JSON-serialisable, §7.6 format).
+        max_time: Give up (RuntimeError) if jobs are still running after this much simulated
+            time, so that a policy that starves a job cannot hang the simulator.
+    """
+    missing = sorted({j.application for j in workload} - set(apps))
+    if missing:
+        raise ValueError(f"workload uses applications without traces: {missing}")
+    mode = MODES.get(policy.name)
+    if mode is None:
+        raise ValueError(f"unknown policy {policy.name!r}; expected one of {sorted(MODES)}")
+    jobs = [
+        SimJob.create(spec, apps[spec.application], mode, config.sync_model) for spec in workload
+    ]
+    node_names = [f"n{i}" for i in range(config.nodes)]
+    nodes = tuple(NodeInfo(name, config.gpus_per_node) for name in node_names)
+    index = {name: i for i, name in enumerate(node_names)}
+    rng = np.random.default_rng(config.seed)
+    memory: object | None = None
+    now, rounds = 0.0, 0
+    while not all(job.completed for job in jobs):
+        if now > max_time:
+            raise RuntimeError(f"jobs still running after {max_time:.0f} s of simulated time")
+        slow = _interference(jobs, config.interference)
+        for job in jobs:
+            job.step(config.interval, slow.get(job.name, 0.0))
+        now += config.interval
+        active = [j for j in jobs if j.spec.submission_time <= now and not j.completed]
+        for job in jobs:
+            if job.completed and job.allocation:
+                job.allocation = ()
+        if active:
+            state = ClusterState(now, nodes, tuple(j.info(now, node_names, config) for j in active))
+            decision = policy.allocate(state, memory, rng)
+            memory = decision.memory
+            for job in active:
+                new = tuple(sorted(index[n] for n in decision.allocations.get(job.name, ())))
+                if new != job.allocation:
+                    job.reallocate(new, config.restart_delay)
+        rounds += 1
+        if on_round is not None:
+            on_round(_round_record(now, config, jobs))
+    done = {j.name: (j.spec.submission_time, j.completion_time or 0.0) for j in jobs}
+    jcts = {name: end - start for name, (start, end) in done.items()}
+    makespan = max(end for _, end in done.values())
+    return SimResult(jcts=jcts, makespan=float(makespan), rounds=rounds)
+
+
+def _interference(jobs: Sequence[SimJob], slowdown: float) -> dict[str, float]:
+    """Slowdown of each distributed job that shares a node with another distributed one."""
+    if slowdown <= 0:
+        return {}
+    distributed = [j for j in jobs if len(set(j.allocation)) > 1]
+    per_node = Counter(n for j in distributed for n in set(j.allocation))
+    crowded = {n for n, c in per_node.items() if c > 1}
+    return {j.name: slowdown for j in distributed if crowded & set(j.allocation)}
+
+
+def _round_record(now: float, config: SimConfig, jobs: Sequence[SimJob]) -> dict[str, Any]:
+    return {
+        "timestamp": now,
+        "num_nodes": config.nodes,
+        "num_gpus": config.nodes * config.gpus_per_node,
+        "submitted_jobs": [j.record() for j in jobs if j.spec.submission_time <= now],
+    }

@@ -1,0 +1,64 @@
+"""Workload files: which jobs arrive when (format in pollux-reference.md §7.4)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from pollux.sim.traces import TraceFormatError
+
+HEADER = ["name", "time", "application", "num_replicas", "batch_size"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadJob:
+    """One job of a workload.
+
+    Attributes:
+        name: Unique job name, e.g. "cifar10-3".
+        submission_time: Seconds from the start of the workload.
+        application: Name of the application whose traces drive the job.
+        num_replicas: Tuned GPU count (used by Tiresias).
+        batch_size: Tuned total batch size (used by Optimus and Tiresias).
+    """
+
+    name: str
+    submission_time: float
+    application: str
+    num_replicas: int
+    batch_size: int
+
+
+def load_workload(path: Path | str) -> list[WorkloadJob]:
+    """Read a workload CSV; jobs come back in submission order."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFormatError(path, "workload file not found")
+    jobs = []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header != HEADER:
+            raise TraceFormatError(path, f"header must be {','.join(HEADER)}, got {header}", 1)
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(HEADER):
+                raise TraceFormatError(path, f"expected {len(HEADER)} columns", line)
+            name, time, app, replicas, batch = row
+            try:
+                job = WorkloadJob(name, float(time), app, int(replicas), int(batch))
+            except ValueError:
+                raise TraceFormatError(
+                    path, "time, num_replicas, batch_size must be numbers", line
+                ) from None
+            if job.submission_time < 0 or job.num_replicas < 1 or job.batch_size < 1:
+                raise TraceFormatError(path, "time must be ≥ 0, replicas and batch ≥ 1", line)
+            jobs.append(job)
+    if not jobs:
+        raise TraceFormatError(path, "no jobs")
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise TraceFormatError(path, "job names must be unique")
+    return sorted(jobs, key=lambda j: (j.submission_time, names.index(j.name)))
