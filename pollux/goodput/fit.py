@@ -34,8 +34,6 @@ from pollux.goodput.throughput import (
     TIER_NETWORK,
     TINY,
     SyncDesign,
-    log_step_times,
-    net_time,
     sync_design,
 )
 
@@ -174,8 +172,12 @@ def fit_perf_params(
     candidates = _starts(obs, start, free, max_starts)
     always = ALWAYS_RUN_STARTS
     if initial is not None:
+        # Parameters the previous fit had pinned at the floor start from the defaults instead:
+        # log-space search from 1e-8 would stay stuck there.
+        previous = np.array(initial.as_tuple())
         warm = start.copy()
-        warm[free] = np.clip(np.array(initial.as_tuple())[free], LOWER[free], UPPER[free])
+        usable = free[previous[free] > 10 * TINY]
+        warm[usable] = np.clip(previous[usable], LOWER[usable], UPPER[usable])
         candidates = [warm, *candidates][:max_starts]
         always = 1
     for x0 in candidates:
@@ -277,19 +279,26 @@ def _starts(
 
 
 class _Objective:
-    """Loss and analytic gradient over the free parameters."""
+    """Loss and analytic gradient over the free parameters.
+
+    The fitter calls this tens of thousands of times per simulated workload, so the gradient
+    is accumulated directly as seven dot products rather than through Jacobian matrices.
+    """
 
     def __init__(
         self, obs: Observations, design: SyncDesign, start: FloatArray, free: IntArray
     ) -> None:
-        self._obs = obs
-        self._design = design
         self._start = start
         self._free = free
+        self._m = obs.atomic_bsz
+        self._x = design.regressor
         self._log_accum = np.log(obs.accum_step_time)
         self._log_optim = np.log(obs.optim_step_time)
-        self._net = design.tier == TIER_NETWORK
-        self._local = design.tier == TIER_LOCAL
+        self._net = (design.tier == TIER_NETWORK).astype(np.float64)
+        self._local = (design.tier == TIER_LOCAL).astype(np.float64)
+        self._none = 1.0 - self._net - self._local
+        self._tiny_net = self._none * (TINY + TINY * self._x)
+        self._rows = float(obs.atomic_bsz.size)
 
     def full(self, theta_free: FloatArray) -> FloatArray:
         theta = self._start.copy()
@@ -304,35 +313,36 @@ class _Objective:
 
     def __call__(self, theta_free: FloatArray) -> tuple[float, FloatArray]:
         theta = self.full(theta_free)
-        _, _, alpha_n, beta_n, alpha_r, beta_r, gamma = theta
-        m, x = self._obs.atomic_bsz, self._design.regressor
-        log_a, log_o = log_step_times(theta, self._design, m)
-        t_accum = np.exp(log_a)
-        t_net = net_time(theta, self._design)
-        log_n = np.log(t_net)
-        w_accum = np.exp(gamma * log_a - gamma * log_o)  # share of T_accum^γ in the sum
+        alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma = theta
+        m, x, net, local = self._m, self._x, self._net, self._local
+        t_accum = alpha_c + beta_c * m
+        t_net = net * (alpha_n + beta_n * x) + local * (alpha_r + beta_r * x) + self._tiny_net
+        log_a, log_n = np.log(t_accum), np.log(t_net)
+        log_o = np.logaddexp(gamma * log_a, gamma * log_n) / gamma
+        w_accum = np.exp(gamma * (log_a - log_o))  # share of T_accum^γ in the sum
         w_net = 1.0 - w_accum
 
-        # d log T_optim / d theta, one column per parameter.
-        jac_o = np.zeros((m.size, 7))
-        jac_o[:, 0] = w_accum / t_accum
-        jac_o[:, 1] = w_accum * m / t_accum
-        jac_o[:, 2] = np.where(self._net, w_net / t_net, 0.0)
-        jac_o[:, 3] = np.where(self._net, w_net * x / t_net, 0.0)
-        jac_o[:, 4] = np.where(self._local, w_net / t_net, 0.0)
-        jac_o[:, 5] = np.where(self._local, w_net * x / t_net, 0.0)
-        jac_o[:, 6] = (w_accum * log_a + w_net * log_n - log_o) / gamma
-        jac_a = np.zeros_like(jac_o)
-        jac_a[:, 0] = 1.0 / t_accum
-        jac_a[:, 1] = m / t_accum
-
-        loss = 0.0
-        grad = np.zeros(7)
-        for err, jac in ((log_a - self._log_accum, jac_a), (log_o - self._log_optim, jac_o)):
-            rmse = float(np.sqrt(np.mean(err**2) + RMSE_SMOOTHING**2))
-            loss += rmse
-            grad += (err @ jac) / (err.size * rmse)
-        loss += GAMMA_PRIOR * (gamma - 1.0) ** 2
+        err_a = log_a - self._log_accum
+        err_o = log_o - self._log_optim
+        rmse_a = float(np.sqrt(err_a @ err_a / self._rows + RMSE_SMOOTHING**2))
+        rmse_o = float(np.sqrt(err_o @ err_o / self._rows + RMSE_SMOOTHING**2))
+        # d loss / d log T per row, for the accumulation and the optimizer-step terms.
+        c_a = err_a / (self._rows * rmse_a)
+        c_o = err_o / (self._rows * rmse_o)
+        on_compute = (c_a + c_o * w_accum) / t_accum
+        on_network = c_o * w_net / t_net
+        grad = np.array(
+            [
+                on_compute.sum(),
+                on_compute @ m,
+                on_network @ net,
+                on_network @ (net * x),
+                on_network @ local,
+                on_network @ (local * x),
+                c_o @ (w_accum * log_a + w_net * log_n - log_o) / gamma,
+            ]
+        )
+        loss = rmse_a + rmse_o + GAMMA_PRIOR * (gamma - 1.0) ** 2
         grad[6] += 2 * GAMMA_PRIOR * (gamma - 1.0)
         for a_idx, b_idx, a, b in ((2, 3, alpha_n, beta_n), (4, 5, alpha_r, beta_r)):
             loss += RETROGRESSION_PRIOR * (b / a) ** 2

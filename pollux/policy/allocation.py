@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from pollux.policy.types import Allocation, ClusterState, PolicyInputError
 
@@ -77,3 +77,29 @@ def free_gpus(state: ClusterState, allocations: Mapping[str, Allocation]) -> dic
         for node in alloc:
             free[node] -= 1
     return free
+
+
+def place_on_freest(need: int, free: dict[str, int], order: Sequence[str]) -> Allocation:
+    """Take GPUs from the node with the most free GPUs (ties: `order`) until `need` are held.
+
+    Shared by Optimus and Tiresias, whose published placements both work this way. The GPUs
+    taken are subtracted from `free` in place.
+
+    Raises:
+        ValueError: Fewer than `need` GPUs are free (the callers' counts rule this out).
+    """
+    if need > sum(free.values()):
+        raise ValueError(f"cannot place {need} GPUs: only {sum(free.values())} are free")
+    taken: dict[str, int] = {}
+    while need > 0:
+        node = max(order, key=free.__getitem__)  # first maximum: ties in node order
+        take = min(need, free[node])
+        taken[node] = take
+        free[node] -= take
+        need -= take
+    return make_allocation(taken, order)
+
+
+def gpus(count: int) -> str:
+    """A GPU count for an explanation: "1 GPU", "4 GPUs"."""
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"

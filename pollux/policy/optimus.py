@@ -24,7 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pollux.policy.allocation import canonical, make_allocation, validate_state
+from pollux.policy.allocation import (
+    canonical,
+    gpus,
+    place_on_freest,
+    validate_state,
+)
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -148,27 +153,6 @@ def place(state: ClusterState, counts: Sequence[int]) -> dict[str, Allocation]:
     return allocations
 
 
-def place_on_freest(need: int, free: dict[str, int], order: Sequence[str]) -> Allocation:
-    """Take GPUs from the node with the most free GPUs (ties: `order`) until `need` are held.
-
-    Shared by Optimus and Tiresias, whose published placements both work this way. The GPUs
-    taken are subtracted from `free` in place.
-
-    Raises:
-        ValueError: Fewer than `need` GPUs are free (the callers' counts rule this out).
-    """
-    if need > sum(free.values()):
-        raise ValueError(f"cannot place {need} GPUs: only {sum(free.values())} are free")
-    taken: dict[str, int] = {}
-    while need > 0:
-        node = max(order, key=free.__getitem__)  # first maximum: ties in node order
-        take = min(need, free[node])
-        taken[node] = take
-        free[node] -= take
-        need -= take
-    return make_allocation(taken, order)
-
-
 def explain(job: JobInfo, allocation: Allocation) -> JobExplain:
     """Why the job got `allocation`, with the GPU count standing in for its speedup."""
     old, new = len(job.allocation), len(allocation)
@@ -183,11 +167,6 @@ def explain(job: JobInfo, allocation: Allocation) -> JobExplain:
     else:
         reason = f"scaled {old} → {gpus(new)}"
     return JobExplain(speedup=float(new), penalty=1.0, reason=reason)
-
-
-def gpus(count: int) -> str:
-    """A GPU count for an explanation: "1 GPU", "4 GPUs"."""
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def remaining_time(oracles: Sequence[OracleInfo], counts: Sequence[int]) -> float:

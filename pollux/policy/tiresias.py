@@ -29,8 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pollux.policy.allocation import canonical, validate_state
-from pollux.policy.optimus import gpus, place_on_freest
+from pollux.policy.allocation import canonical, gpus, place_on_freest, validate_state
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
