@@ -25,24 +25,40 @@ from pollux.policy.valuation import utility
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 def search(problem: Problem) -> IntArray:
-    """The jobs × nodes matrix the three phases choose."""
-    return fill(problem, place(problem, choose_counts(problem)))
+    """The jobs × nodes matrix the three phases choose, trying two count strategies.
+
+    Counts chosen without regard to packing can strand GPUs (three distributed jobs of 9-10
+    GPUs need 9 whole nodes of 4); counts with distributed jobs in whole nodes always pack but
+    may waste a node's worth. Both are placed and the better by the objective wins.
+    """
+    candidates = []
+    for whole_nodes in (False, True):
+        counts, keep = choose_counts(problem, whole_nodes=whole_nodes)
+        candidates.append(fill(problem, place(problem, counts, keep)))
+    return max(candidates, key=lambda placed: total_utility(problem, placed))
+
+
+def total_utility(problem: Problem, placed: IntArray) -> float:
+    """Σ_j w_p(x_j) of a jobs × nodes matrix (ordered like the power mean)."""
+    return float(sum(problem.values(j, placed[j])[0] for j in range(problem.num_jobs)))
 
 
 # -- phase 1: GPU counts --------------------------------------------------------------------
 
 
-def count_utilities(problem: Problem) -> FloatArray:
+def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[FloatArray, BoolArray]:
     """U[j, k]: utility of job j with k GPUs on a consolidated placement (−inf: not allowed).
 
     At k equal to the current size the job may also keep its current placement with no
-    restart penalty, whichever is worth more.
+    restart penalty, whichever is worth more; the second result says where keeping won.
     """
     width = int(problem.max_k.max(initial=0)) + 1
     table = np.full((problem.num_jobs, width), -np.inf)
+    keep = np.zeros(problem.num_jobs, dtype=bool)
     eps, p = problem.params.epsilon, problem.params.p
     for j in range(problem.num_jobs):
         top = int(problem.max_k[j])
@@ -54,23 +70,41 @@ def count_utilities(problem: Problem) -> FloatArray:
         table[j, 1 : top + 1] = utility(problem.scale * speed * problem.penalty[j] + eps, p)
         k_cur = int(problem.current[j].sum())
         if 0 < k_cur <= top:
-            table[j, k_cur] = max(table[j, k_cur], float(problem.values(j, problem.current[j])[0]))
+            stay = float(problem.values(j, problem.current[j])[0])
+            keep[j] = stay >= table[j, k_cur]
+            table[j, k_cur] = max(table[j, k_cur], stay)
         if problem.min_k[j] > 1:
             table[j, 1 : problem.min_k[j]] = -np.inf
-    return table
+        if whole_nodes:
+            g = max(problem.gpus_per_node, 1)
+            partial = (ks > g) & (ks % g != 0) & (ks != k_cur)
+            table[j, ks[partial]] = -np.inf
+    return table, keep
 
 
-def choose_counts(problem: Problem) -> IntArray:
-    """Greedy: repeatedly make the jump (job, new size) with the best utility gain per GPU."""
-    table = count_utilities(problem)
+def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntArray, BoolArray]:
+    """Greedy: repeatedly make the jump (job, new size) with the best utility gain per GPU.
+
+    Two budgets are kept: GPUs, and — with interference avoidance — nodes for distributed
+    jobs, since no two distributed jobs may share a node (a job larger than one node needs
+    ceil(K / G) nodes of its own; single-node jobs may fill their leftover GPUs).
+
+    With `whole_nodes`, jobs larger than a node may only take whole nodes (or keep their
+    current size). Returns the counts and, per job, whether staying exactly where it is beat
+    re-placing it.
+    """
+    table, keep = count_utilities(problem, whole_nodes=whole_nodes)
     num_jobs, width = table.shape
     counts = np.zeros(num_jobs, dtype=np.int64)
     free = problem.total_gpus
     sizes = np.arange(width)
+    node_need = distributed_nodes(problem, sizes)
+    free_nodes = len(problem.node_names)
 
     def best_jumps(rows: IntArray) -> tuple[FloatArray, IntArray]:
         jump = sizes[None, :] - counts[rows, None]
-        ok = (jump > 0) & (jump <= free)
+        more_nodes = node_need[None, :] - node_need[counts[rows], None]
+        ok = (jump > 0) & (jump <= free) & (more_nodes <= free_nodes)
         here = table[rows, counts[rows]][:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
             gain = np.where(ok, (table[rows] - here) / np.where(ok, jump, 1), -np.inf)
@@ -84,10 +118,21 @@ def choose_counts(problem: Problem) -> IntArray:
         if not gains[j] > 0:
             break
         free -= int(targets[j] - counts[j])
+        free_nodes -= int(node_need[targets[j]] - node_need[counts[j]])
         counts[j] = targets[j]
-        stale = np.nonzero((targets - counts > free) | (every == j))[0]
+        jump = targets - counts
+        over = (jump > free) | (node_need[targets] - node_need[counts] > free_nodes)
+        stale = np.nonzero(over | (every == j))[0]
         gains[stale], targets[stale] = best_jumps(stale)
-    return counts
+    return counts, keep
+
+
+def distributed_nodes(problem: Problem, sizes: IntArray) -> IntArray:
+    """Nodes a job of each size must hold exclusively (0 unless it spans several nodes)."""
+    if not problem.params.interference_avoidance:
+        return np.zeros_like(sizes)
+    span = problem.consolidated_nodes(sizes)
+    return np.where(span > 1, span, 0)
 
 
 # -- phase 2: placement ---------------------------------------------------------------------
@@ -125,19 +170,14 @@ class Cluster:
         self.placed[j] = 0
 
 
-def place(problem: Problem, counts: IntArray) -> IntArray:
-    """Realise the chosen counts on nodes, keeping unchanged jobs where they are."""
+def place(problem: Problem, counts: IntArray, keep: BoolArray) -> IntArray:
+    """Realise the chosen counts on nodes; jobs whose stay won in phase 1 keep their nodes."""
     cluster = Cluster.empty(problem)
-    avoid = problem.params.interference_avoidance
     kept = set()
     for j in range(problem.num_jobs):
-        row = problem.current[j]
-        if counts[j] == 0 or counts[j] != row.sum() or (row > cluster.free).any():
-            continue
-        if avoid and problem.is_distributed(row) and (cluster.owner[row > 0] >= 0).any():
-            continue
-        cluster.assign(j, row.copy())
-        kept.add(j)
+        if keep[j] and counts[j] == problem.current[j].sum() and fits_as_is(problem, cluster, j):
+            cluster.assign(j, problem.current[j].copy())
+            kept.add(j)
     order = sorted(
         (j for j in range(problem.num_jobs) if counts[j] > 0 and j not in kept),
         key=lambda j: (-counts[j], j),
@@ -147,10 +187,21 @@ def place(problem: Problem, counts: IntArray) -> IntArray:
     for j in order:
         reserved = reserved - problem.current[j]
         options = placement_options(problem, cluster, j, int(counts[j]), reserved)
+        if counts[j] == problem.current[j].sum() and fits_as_is(problem, cluster, j):
+            options.append(problem.current[j].copy())
         if options:
             values = problem.values(j, np.array(options))
             cluster.assign(j, options[int(np.argmax(values))])
     return cluster.placed
+
+
+def fits_as_is(problem: Problem, cluster: Cluster, j: int) -> bool:
+    """Whether job j's current placement is still free and interference-safe."""
+    row = problem.current[j]
+    if (row > cluster.free).any():
+        return False
+    avoid = problem.params.interference_avoidance
+    return not (avoid and problem.is_distributed(row) and (cluster.owner[row > 0] >= 0).any())
 
 
 def placement_options(
