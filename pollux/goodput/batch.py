@@ -10,15 +10,24 @@ the smallest micro-batch is reported infeasible (goodput 0, m = s = 0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from pollux.goodput._validate import ArrayLike, FloatArray, IntArray, allocation_arrays
+from pollux.goodput._validate import (
+    ArrayLike,
+    FloatArray,
+    IntArray,
+    allocation_arrays,
+    broadcast,
+    integer_array,
+)
 from pollux.goodput.efficiency import _efficiency
 from pollux.goodput.errors import InvalidInputError
-from pollux.goodput.params import GoodputModel
-from pollux.goodput.throughput import _samples_per_step, net_time, sync_design, throughput
+from pollux.goodput.params import GoodputModel, SyncModel
+from pollux.goodput.throughput import TINY, _samples_per_step, throughput
 
 NUM_CANDIDATES = 50  # published: numpy geomspace's default
 _SLACK = 1e-8  # keeps ceil() from rounding exact quotients up because of float error
@@ -88,6 +97,101 @@ def best_batch(
     return BatchChoice(value.reshape(shape), m.reshape(shape), s.reshape(shape))
 
 
+@dataclass(frozen=True, slots=True)
+class _Params:
+    """Model parameters as arrays broadcastable over queries (scalars for one model)."""
+
+    m0: FloatArray
+    top: FloatArray
+    min_m: FloatArray
+    max_m: FloatArray
+    accumulation: npt.NDArray[np.bool_]
+    sqr: FloatArray
+    var: FloatArray
+    theta: FloatArray  # (7, ...) throughput parameters in PerfParams order
+    ring: npt.NDArray[np.bool_]  # SyncModel.RING
+
+    @classmethod
+    def of(cls, models: Sequence[GoodputModel]) -> _Params:
+        """One entry per model (a length-1 list gives scalars after indexing with [0])."""
+        col = np.array
+        return cls(
+            m0=col([m.init_batch_size for m in models], dtype=np.float64),
+            top=col([m.max_batch_size for m in models], dtype=np.float64),
+            min_m=col([m.atomic_bsz_range[0] for m in models], dtype=np.float64),
+            max_m=col([m.atomic_bsz_range[1] for m in models], dtype=np.float64),
+            accumulation=col([m.accumulation for m in models], dtype=bool),
+            sqr=col([m.grad.sqr for m in models], dtype=np.float64),
+            var=col([m.grad.var for m in models], dtype=np.float64),
+            theta=col([m.perf.as_tuple() for m in models], dtype=np.float64).T,
+            ring=col([m.perf.sync_model is SyncModel.RING for m in models], dtype=bool),
+        )
+
+    def take(self, index: IntArray) -> _Params:
+        """The parameters of the model behind each query."""
+        return _Params(
+            self.m0[index],
+            self.top[index],
+            self.min_m[index],
+            self.max_m[index],
+            self.accumulation[index],
+            self.sqr[index],
+            self.var[index],
+            self.theta[:, index],
+            self.ring[index],
+        )
+
+
+def _splits(p: _Params, k: FloatArray, num_candidates: int) -> tuple[FloatArray, ...]:
+    """Candidate total batches for K replicas, split into (m, s), and their worth.
+
+    Returns (steps, atomic, t_accum, useful), each (candidates, len(k)); `useful` is the
+    M0-equivalent progress per step, 0 for an invalid candidate.
+    """
+    low = np.maximum(p.m0, p.min_m * k)
+    feasible = low <= p.top
+    low = np.minimum(low, p.top)  # infeasible K get a dummy range, masked below
+    total = np.geomspace(low, np.broadcast_to(p.top, low.shape), num_candidates)
+    per_gpu = total / k
+    steps = np.ceil(per_gpu / p.max_m - _SLACK) - 1
+    # One GPU needs ≥ 2 micro-batches above M0: the noise estimator needs two gradients.
+    steps = np.where((k == 1) & (per_gpu > p.m0 + _SLACK), np.maximum(steps, 1), steps)
+    steps = np.where(p.accumulation, np.maximum(steps, 0), 0.0)
+    atomic = np.ceil(per_gpu / (steps + 1) - _SLACK)
+    atomic = np.minimum(atomic, np.floor(p.top / (k * (steps + 1)) + _SLACK))
+    valid = feasible & (atomic >= p.min_m) & (atomic <= p.max_m)
+    atomic = np.where(valid, atomic, 1.0)
+    batch = k * atomic * (steps + 1)
+    scale = np.maximum(batch, p.m0) / p.m0
+    efficiency = (p.var + p.sqr) / (p.var / scale + p.sqr) / scale
+    useful = np.where(valid, batch * efficiency, 0.0)
+    t_accum = p.theta[0] + p.theta[1] * atomic
+    return steps, atomic, t_accum, useful
+
+
+def _net_times(p: _Params, nodes: IntArray, replicas: IntArray) -> FloatArray:
+    """T_net per query (see `throughput.sync_design`), with per-query sync models."""
+    network, local = nodes > 1, (nodes == 1) & (replicas > 1)
+    ring_size = np.where(network, nodes, replicas).astype(np.float64)
+    x = np.maximum(np.where(p.ring, 1.0 - 2.0 / ring_size, replicas - 2.0), TINY)
+    alpha = np.where(network, p.theta[2], np.where(local, p.theta[4], TINY))
+    beta = np.where(network, p.theta[3], np.where(local, p.theta[5], TINY))
+    return np.asarray(alpha + beta * x, dtype=np.float64)
+
+
+def _pick(
+    value: FloatArray, atomic: FloatArray, steps: FloatArray, columns: IntArray
+) -> tuple[FloatArray, IntArray, IntArray]:
+    """Best candidate per query; `columns` maps queries to columns of atomic/steps."""
+    best = np.argmax(value, axis=0)
+    cols = np.arange(value.shape[1])
+    best_value = value[best, cols]
+    ok = best_value > 0
+    best_m = np.where(ok, atomic[best, columns], 0).astype(np.int64)
+    best_s = np.where(ok, steps[best, columns], 0).astype(np.int64)
+    return best_value, best_m, best_s
+
+
 def _best_batch_flat(
     model: GoodputModel, nodes: IntArray, replicas: IntArray, num_candidates: int
 ) -> tuple[FloatArray, IntArray, IntArray]:
@@ -97,46 +201,47 @@ def _best_batch_flat(
     once per distinct K; only the sync time varies with N. That keeps a 64×64 speedup table to
     a few elementwise passes over (candidates × allocations).
     """
-    m0 = float(model.init_batch_size)
-    top = float(model.max_batch_size)
-    min_m, max_m = (float(v) for v in model.atomic_bsz_range)
-    alpha_c, beta_c, *_, gamma = model.perf.as_tuple()
-
-    # Per distinct K (columns): candidate total batches and their split into (m, s).
+    params = _Params.of([model]).take(np.zeros(1, dtype=np.int64))
     ks, k_index = np.unique(replicas, return_inverse=True)
-    k = ks.astype(np.float64)
-    low = np.maximum(m0, min_m * k)
-    feasible_k = low <= top
-    low = np.minimum(low, top)  # infeasible K get a dummy range, masked below
-    total = np.geomspace(low, np.full_like(low, top), num_candidates)  # (candidates, K)
-    per_gpu = total / k
-    if model.accumulation:
-        steps = np.ceil(per_gpu / max_m - _SLACK) - 1
-        # One GPU needs ≥ 2 micro-batches above M0: the noise estimator needs two gradients.
-        steps = np.where((ks == 1) & (per_gpu > m0 + _SLACK), np.maximum(steps, 1), steps)
-        steps = np.maximum(steps, 0)
-    else:
-        steps = np.zeros_like(per_gpu)
-    atomic = np.ceil(per_gpu / (steps + 1) - _SLACK)
-    atomic = np.minimum(atomic, np.floor(top / (k * (steps + 1)) + _SLACK))
-    valid = feasible_k & (atomic >= min_m) & (atomic <= max_m)
-    atomic = np.where(valid, atomic, 1.0)
-    batch = k * atomic * (steps + 1)
-    t_accum = alpha_c + beta_c * atomic
-    # Samples of M0-equivalent progress per step; 0 marks an invalid candidate.
-    useful = np.where(valid, batch * _efficiency(model.grad, m0, batch), 0.0)
+    steps, atomic, t_accum, useful = _splits(params, ks.astype(np.float64), num_candidates)
+    gamma = float(params.theta[6][0])  # a Python float keeps numpy's fast scalar power
+    t_net = _net_times(params, nodes, replicas)
+    # Powers per K before gathering onto (candidates × allocations): one power per cell.
+    t_optim = ((t_accum**gamma)[:, k_index] + t_net**gamma) ** (1.0 / gamma)
+    value = useful[:, k_index] / ((steps * t_accum)[:, k_index] + t_optim)
+    return _pick(value, atomic, steps, k_index)
 
-    # Per allocation: sync time on its most significant link, overlapped with compute.
-    design = sync_design(model.perf.sync_model, nodes, replicas)
-    theta = np.array(model.perf.as_tuple())
-    t_net = net_time(theta, design)
-    t_optim = (t_accum[:, k_index] ** gamma + t_net**gamma) ** (1.0 / gamma)
-    value = useful[:, k_index] / (steps[:, k_index] * t_accum[:, k_index] + t_optim)
 
-    best = np.argmax(value, axis=0)
-    cols = np.arange(nodes.size)
-    best_value = value[best, cols]
-    ok = best_value > 0
-    best_m = np.where(ok, atomic[best, k_index], 0).astype(np.int64)
-    best_s = np.where(ok, steps[best, k_index], 0).astype(np.int64)
-    return best_value, best_m, best_s
+def best_goodput_many(
+    models: Sequence[GoodputModel],
+    model_index: ArrayLike,
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    *,
+    num_candidates: int = NUM_CANDIDATES,
+) -> FloatArray:
+    """Best goodput of many (model, N, K) queries in one vectorised evaluation.
+
+    A scheduler round needs a few speedups of every job; asking each model separately costs
+    mostly call overhead. Query i uses ``models[model_index[i]]`` on (N_i, K_i).
+
+    Returns:
+        Best goodput per query (0 where infeasible), as `best_batch(...).goodput` would.
+    """
+    nodes, replicas = allocation_arrays(num_nodes, num_replicas)
+    index = integer_array("model_index", model_index, minimum=0)
+    nodes, replicas, index = (
+        a.ravel()
+        for a in broadcast(("num_nodes", nodes), ("num_replicas", replicas), ("model_index", index))
+    )
+    if index.size and index.max() >= len(models):
+        raise InvalidInputError("model_index", f"must be < {len(models)} (number of models)")
+    if index.size == 0:
+        return np.zeros(0)
+    params = _Params.of(models).take(index)
+    steps, atomic, t_accum, useful = _splits(params, replicas.astype(np.float64), num_candidates)
+    gamma = params.theta[6]
+    t_net = _net_times(params, nodes, replicas)
+    t_optim = (t_accum**gamma + t_net**gamma) ** (1.0 / gamma)
+    value = useful / (steps * t_accum + t_optim)
+    return _pick(value, atomic, steps, np.arange(index.size))[0]

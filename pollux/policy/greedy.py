@@ -29,22 +29,27 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 def search(problem: Problem) -> IntArray:
-    """The jobs × nodes matrix the three phases choose, trying two count strategies.
+    """The jobs × nodes matrix the phases choose, then improved by local search.
 
     Counts chosen without regard to packing can strand GPUs (three distributed jobs of 9-10
-    GPUs need 9 whole nodes of 4); counts with distributed jobs in whole nodes always pack but
-    may waste a node's worth. Both are placed and the better by the objective wins.
+    GPUs need 9 whole nodes of 4). When placement could not realise them, counts with
+    distributed jobs in whole nodes (which always pack) are tried too, and the better by the
+    objective wins.
     """
     candidates = []
     for whole_nodes in (False, True):
         counts, keep = choose_counts(problem, whole_nodes=whole_nodes)
-        candidates.append(fill(problem, place(problem, counts, keep)))
-    return max(candidates, key=lambda placed: total_utility(problem, placed))
+        placed = place(problem, counts, keep)
+        candidates.append(fill(problem, placed))
+        if placed.sum() == counts.sum():
+            break  # everything packed: the whole-node strategy has nothing to fix
+    best = max(candidates, key=lambda placed: total_utility(problem, placed))
+    return improve(problem, best)
 
 
 def total_utility(problem: Problem, placed: IntArray) -> float:
     """Σ_j w_p(x_j) of a jobs × nodes matrix (ordered like the power mean)."""
-    return float(sum(problem.values(j, placed[j])[0] for j in range(problem.num_jobs)))
+    return float(problem.utilities(placed).sum())
 
 
 # -- phase 1: GPU counts --------------------------------------------------------------------
@@ -60,6 +65,7 @@ def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[Flo
     table = np.full((problem.num_jobs, width), -np.inf)
     keep = np.zeros(problem.num_jobs, dtype=bool)
     eps, p = problem.params.epsilon, problem.params.p
+    staying = problem.utilities(problem.current)
     for j in range(problem.num_jobs):
         top = int(problem.max_k[j])
         ks = np.arange(1, top + 1)
@@ -70,7 +76,7 @@ def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[Flo
         table[j, 1 : top + 1] = utility(problem.scale * speed * problem.penalty[j] + eps, p)
         k_cur = int(problem.current[j].sum())
         if 0 < k_cur <= top:
-            stay = float(problem.values(j, problem.current[j])[0])
+            stay = float(staying[j])
             keep[j] = stay >= table[j, k_cur]
             table[j, k_cur] = max(table[j, k_cur], stay)
         if problem.min_k[j] > 1:
@@ -318,3 +324,187 @@ def _take(free: IntArray, order: IntArray, amount: int) -> IntArray:
     out = np.zeros_like(free)
     out[order] = taken
     return out
+
+
+# -- phase 4: local search ------------------------------------------------------------------
+
+MOVE_BUDGET = 4  # moves per node: bounds the search on large clusters
+_MIN_GAIN = 1e-9
+
+
+@dataclass(slots=True)
+class _Deltas:
+    """How one job's utility changes under the moves the local search considers.
+
+    Attributes:
+        lose: node → Δu when the job gives up d = 1, 2, … of its GPUs there.
+        gain: node → Δu when it takes d = 1, 2, … more GPUs there (nodes it holds).
+        start: Δu when a job without GPUs starts on d = 1, 2, … GPUs of one node.
+        move: (Δu, row) of re-placing a single-node job elsewhere on free GPUs, or None.
+    """
+
+    lose: dict[int, FloatArray]
+    gain: dict[int, FloatArray]
+    start: FloatArray
+    move: tuple[float, IntArray] | None
+
+
+def improve(problem: Problem, placed: IntArray) -> IntArray:
+    """Apply the best improving move, repeatedly, until none is left (or the budget is spent).
+
+    Phases 1–3 cannot trade GPUs between jobs that share a node, nor move a small job out of
+    the way so that its neighbour can grow in place. Two moves can, each judged by its exact
+    change of the objective: *trade* d GPUs on a node from one job to another (or to a job
+    without GPUs), and *make room*: a single-node job moves wholly onto free GPUs elsewhere
+    and another job takes the GPUs it left. Only the jobs a move touches are re-evaluated.
+    """
+    cluster = Cluster.empty(problem)
+    for j in range(problem.num_jobs):
+        if placed[j].any():
+            cluster.assign(j, placed[j].copy())
+    here = problem.utilities(cluster.placed)
+    deltas = [_deltas(problem, cluster, here, j) for j in range(problem.num_jobs)]
+    for _ in range(MOVE_BUDGET * len(problem.node_names)):
+        move = _best_move(problem, cluster, deltas)
+        if move is None:
+            break
+        free_before = cluster.free.copy()
+        for j, row in move:
+            cluster.assign(j, row)
+            here[j] = problem.values(j, row)[0]
+        touched = {j for j, _ in move}
+        if not np.array_equal(free_before, cluster.free):
+            touched = set(range(problem.num_jobs))  # relocations depend on free GPUs
+        for j in touched:
+            deltas[j] = _deltas(problem, cluster, here, j)
+    return cluster.placed
+
+
+def _deltas(problem: Problem, cluster: Cluster, here: FloatArray, j: int) -> _Deltas:
+    row = cluster.placed[j]
+    k = int(row.sum())
+    room = int(problem.max_k[j]) - k
+    lose: dict[int, FloatArray] = {}
+    gain: dict[int, FloatArray] = {}
+    start = np.zeros(0)
+    candidates, owners = [], []
+    for node in (int(n) for n in np.nonzero(row)[0]):
+        for d in range(1, int(row[node]) + 1):
+            shrunk = row.copy()
+            shrunk[node] -= d
+            if 0 < k - d < problem.min_k[j]:
+                continue  # below its gang size: all or nothing
+            candidates.append(shrunk)
+            owners.append(("lose", node, d))
+        for d in range(1, min(room, int(problem.capacity[node] - row[node])) + 1):
+            grown = row.copy()
+            grown[node] += d
+            candidates.append(grown)
+            owners.append(("gain", node, d))
+    if k == 0 and room > 0:
+        lowest = max(1, int(problem.min_k[j]))
+        for d in range(lowest, min(room, problem.gpus_per_node) + 1):
+            candidates.append(_single(row.size, 0, d))
+            owners.append(("start", 0, d))
+    if candidates:
+        values = problem.values(j, np.array(candidates)) - here[j]
+        by_kind: dict[tuple[str, int], dict[int, float]] = {}
+        for (kind, node, d), value in zip(owners, values, strict=True):
+            by_kind.setdefault((kind, node), {})[d] = float(value)
+        for (kind, node), table in by_kind.items():
+            arr = np.full(max(table) + 1, -np.inf)
+            arr[list(table)] = list(table.values())
+            target = lose if kind == "lose" else gain if kind == "gain" else None
+            if target is None:
+                start = arr
+            else:
+                target[node] = arr
+    return _Deltas(lose, gain, start, _relocation(problem, cluster, here, j))
+
+
+def _relocation(
+    problem: Problem, cluster: Cluster, here: FloatArray, j: int
+) -> tuple[float, IntArray] | None:
+    """Best re-placement of a single-node job j onto free GPUs on other nodes."""
+    row = cluster.placed[j].copy()  # release() below zeroes the live row
+    nodes = np.nonzero(row)[0]
+    if nodes.size != 1 or cluster.free.sum() < row.sum():
+        return None
+    node, size = int(nodes[0]), int(row.sum())
+    cluster.release(j)
+    saved = cluster.free[node]
+    cluster.free[node] = 0  # elsewhere: its GPUs here are for the job that takes them
+    options = [o for o in placement_options(problem, cluster, j, size) if o.sum() == size]
+    cluster.free[node] = saved
+    cluster.assign(j, row)
+    if not options:
+        return None
+    values = problem.values(j, np.array(options)) - here[j]
+    best = int(np.argmax(values))
+    return float(values[best]), options[best]
+
+
+def _best_move(
+    problem: Problem, cluster: Cluster, deltas: list[_Deltas]
+) -> list[tuple[int, IntArray]] | None:
+    """The improving trade or make-room move with the largest gain: (job, new row) pairs."""
+    idle_gain, idle_job = _best_idle(problem, deltas)
+    best_gain, best_move = _MIN_GAIN, None
+    for node in (int(n) for n in np.nonzero(cluster.placed.sum(axis=0))[0]):
+        holders = [int(j) for j in np.nonzero(cluster.placed[:, node])[0]]
+        for giver in holders:
+            losses = deltas[giver].lose.get(node)
+            relocation = deltas[giver].move
+            held = int(cluster.placed[giver, node])
+            takers = [(t, deltas[t].gain.get(node)) for t in holders if t != giver]
+            takers.append((-1, idle_gain))  # -1: the best job without GPUs, per amount
+            for taker, gains in takers:
+                if gains is None:
+                    continue
+                if losses is not None:
+                    top = min(losses.size, gains.size)
+                    total = losses[1:top] + gains[1:top]
+                    if total.size and total.max() > best_gain:
+                        d = int(np.argmax(total)) + 1
+                        best_gain = float(total.max())
+                        who = taker if taker >= 0 else int(idle_job[d])
+                        best_move = _trade(cluster, node, giver, who, d)
+                if relocation is not None and held < gains.size:
+                    total_room = relocation[0] + gains[held]
+                    if total_room > best_gain:
+                        best_gain = float(total_room)
+                        who = taker if taker >= 0 else int(idle_job[held])
+                        best_move = [
+                            (giver, relocation[1]),
+                            (who, _grown(cluster, who, node, held)),
+                        ]
+    return best_move
+
+
+def _best_idle(problem: Problem, deltas: list[_Deltas]) -> tuple[FloatArray, IntArray]:
+    """For each amount d, the largest gain of a job without GPUs starting on d, and the job."""
+    width = problem.gpus_per_node + 1
+    gain = np.full(width, -np.inf)
+    job = np.full(width, -1, dtype=np.int64)
+    for j, delta in enumerate(deltas):
+        start = delta.start
+        if start.size == 0:
+            continue
+        better = np.nonzero(start > gain[: start.size])[0]
+        gain[better] = start[better]
+        job[better] = j
+    return gain, job
+
+
+def _trade(
+    cluster: Cluster, node: int, giver: int, taker: int, d: int
+) -> list[tuple[int, IntArray]]:
+    giver_row = cluster.placed[giver].copy()
+    giver_row[node] -= d
+    return [(giver, giver_row), (taker, _grown(cluster, taker, node, d))]
+
+
+def _grown(cluster: Cluster, j: int, node: int, d: int) -> IntArray:
+    row: IntArray = cluster.placed[j].copy()
+    row[node] += d
+    return row

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pollux.policy.allocation import make_allocation
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
@@ -20,11 +19,11 @@ from pollux.policy.types import (
     PolicyInputError,
 )
 from pollux.policy.valuation import (
-    JobSpeedup,
     Normalisation,
     fair_share,
     power_mean,
     restart_factor,
+    speedups_for,
     utility,
 )
 
@@ -103,10 +102,13 @@ class Problem:
             self.scale = len(self.node_names) / max(self.total_gpus, 1)
         else:
             base, self.scale = (1, 1), 1.0
-        self.speedup = [
-            JobSpeedup(job, base_nodes=base[0], base_replicas=base[1], max_nodes=self.max_nodes)
-            for job in state.jobs
-        ]
+        self.speedup = speedups_for(
+            state.jobs,
+            base_nodes=base[0],
+            base_replicas=base[1],
+            max_nodes=self.max_nodes,
+            consolidate=self.consolidated_nodes,
+        )
 
     # -- valuation -----------------------------------------------------------------------
 
@@ -121,6 +123,20 @@ class Problem:
             speed[some] = self.speedup[j](n[some], k[some])
         changed = (rows != self.current[j]).any(axis=1)
         factor = np.where(changed, self.penalty[j], 1.0)
+        return utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
+
+    def utilities(self, placed: IntArray) -> FloatArray:
+        """Utility w_p of every job under a whole jobs × nodes matrix."""
+        k = placed.sum(axis=1)
+        n = (placed > 0).sum(axis=1)
+        speed = np.array(
+            [
+                self.speedup[j].at(int(n[j]), int(k[j])) if k[j] else 0.0
+                for j in range(self.num_jobs)
+            ]
+        )
+        changed = (placed != self.current).any(axis=1)
+        factor = np.where(changed, self.penalty, 1.0)
         return utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
 
     def consolidated_nodes(self, k: IntArray) -> IntArray:
@@ -138,10 +154,8 @@ class Problem:
         allocations, explain, xs = {}, {}, []
         for j, job in enumerate(self.state.jobs):
             row = placed[j]
-            alloc = make_allocation(
-                {self.node_names[i]: int(c) for i, c in enumerate(row) if c},
-                self.node_names,
-            )
+            used = np.nonzero(row)[0]  # ascending: node order, replicas of a node adjacent
+            alloc = tuple(self.node_names[i] for i in used for _ in range(int(row[i])))
             k, n = int(row.sum()), int(np.count_nonzero(row))
             speed = float(self.speedup[j](np.array([n]), np.array([k]))[0]) if k else 0.0
             changed = bool((row != self.current[j]).any())

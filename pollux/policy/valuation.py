@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from pollux.goodput import best_batch
+from pollux.goodput import GoodputModel, best_batch
+from pollux.goodput.batch import best_goodput_many
 from pollux.policy.types import JobInfo
 
 FloatArray = npt.NDArray[np.float64]
@@ -67,33 +69,32 @@ class JobSpeedup:
     """Normalised speedups of one job on any (N, K), computed on demand and memoised.
 
     The table is dense over N ≤ max_nodes and K ≤ max_replicas with NaN for entries not yet
-    computed; each query computes all its missing entries in one vectorised goodput call.
+    computed; each query computes all its missing entries in one vectorised goodput call, and
+    `prime` fills entries computed elsewhere (`speedups_for`, one call for every job).
     """
 
     def __init__(
-        self, job: JobInfo, *, base_nodes: int, base_replicas: int, max_nodes: int
+        self, model: GoodputModel | None, *, max_replicas: int, max_nodes: int, base: float
     ) -> None:
-        self.model = job.model
-        self.max_replicas = max(job.max_replicas, 0)
+        """Args: base is the goodput (or, without a model, replica count) of speedup 1."""
+        self.model = model
+        self.max_replicas = max(max_replicas, 0)
         self.max_nodes = max(1, min(max_nodes, max(self.max_replicas, 1)))
+        self._base = base
         self._table = np.full((self.max_nodes + 1, self.max_replicas + 1), np.nan)
         self._table[0, 0] = 0.0
-        if self.model is None:
-            # No model yet: assume linear scaling (reference §3).
-            self._base = float(base_replicas)
-        else:
-            self._base = self._base_goodput(base_nodes, base_replicas)
 
-    def _base_goodput(self, nodes: int, replicas: int) -> float:
-        assert self.model is not None
-        value = float(best_batch(self.model, min(nodes, replicas), replicas).goodput)
-        if value > 0:
+    def prime(self, nodes: IntArray, replicas: IntArray, goodput: FloatArray) -> None:
+        """Store speedups for (N, K) whose goodput was computed outside."""
+        inside = (replicas <= self.max_replicas) & (nodes <= self.max_nodes)
+        self._table[nodes[inside], replicas[inside]] = goodput[inside] / self._base
+
+    def at(self, nodes: int, replicas: int) -> float:
+        """One speedup; a plain table read when it is already known."""
+        value = float(self._table[nodes, replicas])
+        if not math.isnan(value):
             return value
-        # The reference allocation cannot run this job (its smallest micro-batches overshoot
-        # the maximum batch): fall back to the largest feasible size below it.
-        sizes = np.arange(1, replicas + 1)
-        values = best_batch(self.model, np.minimum(nodes, sizes), sizes).goodput
-        return float(values[np.nonzero(values > 0)[0][-1]])
+        return float(self(np.array([nodes]), np.array([replicas]))[0])
 
     def __call__(self, nodes: IntArray, replicas: IntArray) -> FloatArray:
         """Speedups at arrays of (N, K); K ≤ max_replicas, N ≤ min(K, max_nodes)."""
@@ -110,6 +111,77 @@ class JobSpeedup:
             self._table[n_miss, k_miss] = computed
             values = self._table[nodes, replicas]
         return np.asarray(values, dtype=np.float64)
+
+
+def speedups_for(
+    jobs: Sequence[JobInfo],
+    *,
+    base_nodes: int,
+    base_replicas: int,
+    max_nodes: int,
+    consolidate: Callable[[IntArray], IntArray],
+) -> list[JobSpeedup]:
+    """Every job's speedups, primed in one goodput evaluation for all jobs.
+
+    Primed: every size on the fewest nodes (what the count phase asks) and the job's current
+    allocation. Speedup 1 is the goodput on (base_nodes, base_replicas);
+    jobs without a model scale linearly (reference §3). A job that cannot run on the reference
+    allocation (its smallest micro-batches overshoot its maximum batch there) is normalised by
+    the largest feasible size below it instead.
+    """
+    reference = np.arange(1, base_replicas + 1)
+    ref_nodes = np.minimum(base_nodes, reference)
+    models, primed = [], []
+    for job in jobs:
+        if job.model is None:
+            continue
+        ks = np.arange(1, max(job.max_replicas, 0) + 1)
+        current = len(job.allocation)
+        nodes = np.concatenate(
+            [_consolidated(consolidate, ks, max_nodes), [len(set(job.allocation))] * bool(current)]
+        )
+        sizes = np.concatenate([ks, [current] * bool(current)])
+        models.append(job.model)
+        primed.append((nodes.astype(np.int64), sizes.astype(np.int64)))
+    raw = np.zeros(0)
+    if models:
+        index = np.concatenate(
+            [np.full(reference.size + n.size, i) for i, (n, _) in enumerate(primed)]
+        )
+        raw = best_goodput_many(
+            models,
+            index,
+            np.concatenate([np.r_[ref_nodes, n] for n, _ in primed]),
+            np.concatenate([np.r_[reference, k] for _, k in primed]),
+        )
+    out, offset, i = [], 0, 0
+    for job in jobs:
+        # The table also covers the current allocation, which may exceed today's caps.
+        top_k = max(job.max_replicas, len(job.allocation))
+        top_n = max(max_nodes, len(set(job.allocation)))
+        if job.model is None:
+            out.append(
+                JobSpeedup(None, max_replicas=top_k, max_nodes=top_n, base=float(base_replicas))
+            )
+            continue
+        nodes, sizes = primed[i]
+        ref = raw[offset : offset + reference.size]
+        values = raw[offset + reference.size : offset + reference.size + sizes.size]
+        offset += reference.size + sizes.size
+        feasible = np.nonzero(ref > 0)[0]
+        speedup = JobSpeedup(
+            job.model, max_replicas=top_k, max_nodes=top_n, base=float(ref[feasible[-1]])
+        )
+        speedup.prime(nodes, sizes, values)
+        out.append(speedup)
+        i += 1
+    return out
+
+
+def _consolidated(
+    consolidate: Callable[[IntArray], IntArray], replicas: IntArray, max_nodes: int
+) -> IntArray:
+    return np.minimum(consolidate(replicas), np.minimum(replicas, max_nodes))
 
 
 def fair_share(num_jobs: int, num_nodes: int, total_gpus: int) -> tuple[int, int]:

@@ -198,3 +198,13 @@ def test_unknown_optimizer_is_rejected():
 def test_empty_cluster_state_gives_an_empty_decision():
     decision = GREEDY.allocate(state([], nodes(2)), None, RNG)
     assert decision.allocations == {}
+
+
+def test_a_current_allocation_beyond_todays_caps_is_valued_and_brought_within_them():
+    # The job runs on 6 nodes, within its 8 replicas, but the node cap is now 2.
+    wide = job("wide", on=tuple(f"n{i}" for i in range(6)), max_replicas=8)
+    policy = PolluxPolicy(PolluxParams(max_nodes_per_job=2))
+    decision = policy.allocate(state([wide], nodes(6)), None, RNG)
+    alloc = decision.allocations["wide"]
+    assert 0 < len(alloc) <= 8
+    assert len(set(alloc)) <= 2
