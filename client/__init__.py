@@ -1,0 +1,1 @@
+"""Python client of the Pollux API and the pollux-cli command."""

@@ -1,0 +1,1 @@
+"""Shared plumbing of the Pollux services: etcd store, leader election, config, logging, servers."""

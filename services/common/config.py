@@ -1,0 +1,195 @@
+"""Typed service configuration: frozen dataclasses, one TOML file, environment overrides.
+
+`load(cls, path, env_prefix)` reads a TOML file (optional) into a tree of frozen dataclasses,
+applies environment overrides (``<PREFIX>_<SECTION>__<FIELD>``, e.g.
+``POLLUX_SCHEDULER_ETCD__ENDPOINT=10.0.0.5:2379``), converts values to the declared types and
+collects *every* problem — unknown keys, wrong types, values a dataclass's `problems()` rejects
+— before raising one `ConfigError` that lists them with dotted paths (style.md R11).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; `problems` lists every "path: problem"."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+def load(cls: type[T], path: Path | None = None, env_prefix: str = "POLLUX") -> T:
+    """Build `cls` from defaults, then the TOML file, then the environment.
+
+    Raises:
+        ConfigError: With every problem found.
+    """
+    raw: dict[str, Any] = {}
+    problems: list[str] = []
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError([f"{path}: no such file"]) from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
+    _apply_env(raw, env_prefix, os.environ)
+    value = _build(cls, raw, "", problems)
+    if not problems:
+        problems.extend(_validate(value, ""))
+    if problems:
+        raise ConfigError(problems)
+    return typing.cast(T, value)
+
+
+def _apply_env(raw: dict[str, Any], prefix: str, env: Mapping[str, str]) -> None:
+    head = prefix.upper() + "_"
+    for name, text in env.items():
+        if not name.startswith(head):
+            continue
+        path = name[len(head) :].lower().split("__")
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                break
+            node = child
+        else:
+            node[path[-1]] = text
+
+
+def _build(cls: Any, raw: Any, where: str, problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{where or '<root>'}: expected a table, got {type(raw).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            options = ", ".join(sorted(names))
+            problems.append(f"{where}{key}: unknown setting (known: {options})")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        hint = hints[f.name]
+        path = f"{where}{f.name}"
+        if dataclasses.is_dataclass(hint):
+            values[f.name] = _build(hint, raw[f.name], path + ".", problems)
+        else:
+            values[f.name] = _convert(raw[f.name], hint, path, problems)
+    return cls(**values)
+
+
+def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value in (None, "", "none") and type(None) in typing.get_args(hint):
+            return None
+        return _convert(value, args[0], path, problems)
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            problems.append(f"{path}: expected a list, got {value!r}")
+            return ()
+        inner = typing.get_args(hint)[0]
+        return tuple(_convert(v.strip() if isinstance(v, str) else v, inner, path, problems)
+                     for v in items if v != "")
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if hint is int and isinstance(value, bool | float):
+            raise ValueError(value)
+        if hint in (int, float, str):
+            return hint(value)
+        if hint is Path:
+            return Path(value)
+    except (TypeError, ValueError):
+        problems.append(f"{path}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+        return None
+    return value
+
+
+def _validate(value: Any, where: str) -> list[str]:
+    problems: list[str] = []
+    if not dataclasses.is_dataclass(value):
+        return problems
+    check = getattr(value, "problems", None)
+    if callable(check):
+        problems.extend(f"{where}{p}" for p in check())
+    for f in dataclasses.fields(value):
+        child = getattr(value, f.name)
+        if dataclasses.is_dataclass(child):
+            problems.extend(_validate(child, f"{where}{f.name}."))
+    return problems
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EtcdConfig:
+    """Where the cluster state lives."""
+
+    endpoint: str = "127.0.0.1:2379"
+    """etcd client endpoint, host:port."""
+    root: str = "/pollux/v1"
+    """Key root; several clusters can share one etcd under different roots."""
+    timeout_s: float = 5.0
+    """Deadline of one etcd request."""
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        out = []
+        host, _, port = self.endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            out.append(f"endpoint: {self.endpoint!r} is not host:port")
+        if not self.root.startswith("/") or self.root.endswith("/"):
+            out.append(f"root: {self.root!r} must start with '/' and not end with one")
+        if self.timeout_s <= 0:
+            out.append("timeout_s: must be > 0")
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The service's own endpoints."""
+
+    listen: str = "127.0.0.1:0"
+    """gRPC bind address, host:port (port 0: any free port)."""
+    advertise: str = ""
+    """Address other processes dial; empty means the bound address."""
+    metrics_listen: str = ""
+    """Prometheus endpoint host:port; empty disables it."""
+    grace_s: float = 10.0
+    """Seconds in-flight RPCs get on shutdown."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        out = []
+        for name in ("listen", "metrics_listen"):
+            value = getattr(self, name)
+            if value and not value.rpartition(":")[2].isdigit():
+                out.append(f"{name}: {value!r} is not host:port")
+        if self.grace_s < 0:
+            out.append("grace_s: must be >= 0")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            out.append(f"log_level: {self.log_level!r} is not debug, info, warning or error")
+        return out

@@ -1,0 +1,158 @@
+"""Typed service errors and their one mapping to gRPC status codes (style.md R6).
+
+Handlers validate the whole request first, collecting every problem in `Violations`, and raise
+`InvalidArgument` before touching etcd, so a bad request changes nothing. `grpc_errors` turns
+typed errors (ours and the store's) into status codes with a message that says what to fix;
+INVALID_ARGUMENT also carries a `google.rpc.BadRequest` detail naming each field.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from pollux.service.store import Conflict, FenceLost, StoreError, StoreUnavailable
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class ServiceError(Exception):
+    """An error to return to the client with a status code."""
+
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    """The request is malformed; `violations` lists (field, problem) pairs."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, violations: list[tuple[str, str]]) -> None:
+        text = "; ".join(f"{f}: {p}" for f, p in violations)
+        super().__init__(f"invalid request: {text}")
+        self.violations = violations
+
+
+class NotFound(ServiceError):
+    """The named object does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(ServiceError):
+    """The object exists but is in the wrong state for the request."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AlreadyExists(ServiceError):
+    """A different object already exists under the given key."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class Unavailable(ServiceError):
+    """Try again later (or elsewhere)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Violations:
+    """Collects every problem of a request before any is reported."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, field: str, problem: str) -> None:
+        """Record that `field` is wrong and how to fix it."""
+        self.items.append((field, problem))
+
+    def check(self, ok: bool, field: str, problem: str) -> None:
+        """Record a problem unless `ok`."""
+        if not ok:
+            self.add(field, problem)
+
+    def raise_if_any(self) -> None:
+        """Raise `InvalidArgument` with every recorded problem."""
+        if self.items:
+            raise InvalidArgument(list(self.items))
+
+
+def _status(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
+    if isinstance(error, InvalidArgument):
+        detail = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=f, description=p)
+                for f, p in error.violations
+            ]
+        )
+        return error.code, error.message, [detail]
+    if isinstance(error, ServiceError):
+        return error.code, error.message, []
+    if isinstance(error, StoreUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, f"cluster state store unavailable: {error}", []
+    if isinstance(error, FenceLost):
+        return grpc.StatusCode.UNAVAILABLE, "this replica lost leadership; retry", []
+    if isinstance(error, Conflict):
+        return grpc.StatusCode.ABORTED, f"{error}", []
+    if isinstance(error, StoreError):
+        return grpc.StatusCode.INTERNAL, f"store error: {error}", []
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}", []
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
+    """End the RPC with the status of `error`."""
+    code, message, details = _status(error)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("rpc_internal_error", error=message)
+    packed = []
+    for detail in details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    status = status_pb2.Status(code=code_pb2.Code.Value(code.name), message=message, details=packed)
+    await context.abort_with_status(rpc_status.to_status(status))
+
+
+def grpc_errors(
+    handler: Callable[..., Awaitable[T]],
+) -> Callable[..., Awaitable[T]]:
+    """Map typed errors of a unary handler to gRPC status codes."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Any) -> T:
+        try:
+            return await handler(self, request, context)
+        except (ServiceError, StoreError) as error:
+            await abort(context, error)
+            raise AssertionError("unreachable: abort raises") from error
+
+    return wrapper
+
+
+def grpc_stream_errors(
+    handler: Callable[..., AsyncIterator[T]],
+) -> Callable[..., AsyncIterator[T]]:
+    """Map typed errors of a server-streaming handler to gRPC status codes."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[T]:
+        try:
+            async for item in handler(self, request, context):
+                yield item
+        except (ServiceError, StoreError) as error:
+            await abort(context, error)
+
+    return wrapper

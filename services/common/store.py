@@ -1,0 +1,508 @@
+"""Typed access to the cluster state in etcd: the only module that imports `aetcd`.
+
+Values are serialized `pollux.v1` messages. Reads return the etcd revisions they reflect;
+conditional writes compare mod revisions (optimistic concurrency, style.md R9), and a write made
+on behalf of the scheduler leader carries a `Fence`: the transaction also compares the
+create revision of the leader's election key, so a deposed leader's write fails inside etcd,
+atomically, whatever the process believes (design.md §3, etcd's `Mutex.IsOwner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import aetcd
+import aetcd.exceptions
+import structlog
+from aetcd import rpc
+from google.protobuf.message import DecodeError, Message
+
+from pollux.service.keys import DEFAULT_ROOT, Keys
+from pollux.v1 import types_pb2 as pb
+
+M = TypeVar("M", bound=Message)
+log = structlog.get_logger(__name__)
+
+
+class StoreError(Exception):
+    """Base of every store failure."""
+
+
+class StoreUnavailable(StoreError):
+    """etcd could not be reached or did not answer in time; the operation may be retried."""
+
+
+class Conflict(StoreError):
+    """An optimistic-concurrency check failed: the entry changed since it was read.
+
+    Attributes:
+        key: The key whose revision no longer matched.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        super().__init__(f"{key.decode()} changed concurrently; re-read and retry")
+        self.key = key
+
+
+class FenceLost(StoreError):
+    """A fenced write was rejected because the writer no longer holds leadership."""
+
+    def __init__(self) -> None:
+        super().__init__("leadership lost: the election key is gone or was re-created")
+
+
+class CorruptValue(StoreError):
+    """A stored value does not parse as the expected message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of leadership to attach to writes.
+
+    Attributes:
+        key: The leader's election key.
+        revision: Its create revision when leadership was won.
+    """
+
+    key: bytes
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[M]):
+    """A stored message with the revisions it was read at.
+
+    Attributes:
+        value: The message.
+        mod_revision: etcd revision of its last write (pass back as `expected` to update it).
+        create_revision: etcd revision that created it.
+        lease: Lease it is attached to (0 for none).
+    """
+
+    value: M
+    mod_revision: int
+    create_revision: int
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A write of a transaction."""
+
+    key: bytes
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A delete of a transaction (a key, or every key under a prefix)."""
+
+    key: bytes
+    prefix: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """A precondition of a transaction: the key's mod revision (0: the key must not exist)."""
+
+    key: bytes
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change under a watched prefix.
+
+    Attributes:
+        key: The key.
+        value: The new value, or None when the key was deleted.
+        revision: The change's mod revision.
+    """
+
+    key: bytes
+    value: bytes | None
+    revision: int
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def decode(cls: type[M], data: bytes, key: bytes) -> M:
+    """Parse a stored value, naming the key if it is corrupt."""
+    message = cls()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as error:
+        raise CorruptValue(f"{key.decode()}: not a {cls.__name__}: {error}") from error
+    return message
+
+
+class Store:
+    """The cluster state in etcd, typed by entity.
+
+    Args:
+        client: A connected aetcd client (the store does not own it unless made by `connect`).
+        root: Key root (`Keys.root`); tests use a unique root each.
+    """
+
+    def __init__(self, client: aetcd.Client, root: str = DEFAULT_ROOT) -> None:
+        self._client = client
+        self.keys = Keys(root)
+        self._owned = False
+
+    @classmethod
+    async def connect(
+        cls, endpoint: str, root: str = DEFAULT_ROOT, *, timeout_s: float = 5.0
+    ) -> Store:
+        """Connect to etcd at ``host:port`` and return a store that owns the connection."""
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {endpoint!r} must be host:port")
+        client = aetcd.Client(host=host, port=int(port), timeout=timeout_s)
+        try:
+            await client.connect()
+        except aetcd.exceptions.ClientError as error:
+            raise StoreUnavailable(f"cannot connect to etcd at {endpoint}: {error}") from error
+        store = cls(client, root)
+        store._owned = True
+        return store
+
+    async def close(self) -> None:
+        """Close the connection if this store opened it."""
+        if self._owned:
+            await self._client.close()
+
+    # -- generic operations ------------------------------------------------------------------
+
+    async def _call(self, method: str, request: Any) -> Any:
+        stub = self._client.leasestub if method.startswith("Lease") else self._client.kvstub
+        if stub is None:
+            await self._client.connect()
+            stub = self._client.leasestub if method.startswith("Lease") else self._client.kvstub
+        try:
+            return await getattr(stub, method)(
+                request, timeout=self._client._timeout, metadata=self._client.metadata
+            )
+        except rpc.AioRpcError as error:
+            if error.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED):
+                raise StoreUnavailable(f"etcd {method}: {error.details()}") from error
+            raise StoreError(f"etcd {method}: {error.code().name}: {error.details()}") from error
+
+    async def get(self, key: bytes, cls: type[M]) -> Entry[M] | None:
+        """The message at a key, or None."""
+        response = await self._call("Range", rpc.RangeRequest(key=key))
+        if not response.kvs:
+            return None
+        return self._entry(response.kvs[0], cls)
+
+    async def list(self, prefix: bytes, cls: type[M]) -> tuple[list[Entry[M]], int]:
+        """Every message under a prefix in key order, and the revision they reflect."""
+        response = await self._call(
+            "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix))
+        )
+        return [self._entry(kv, cls) for kv in response.kvs], int(response.header.revision)
+
+    async def list_keys(self, prefix: bytes) -> list[bytes]:
+        """Keys under a prefix (no values)."""
+        response = await self._call(
+            "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix), keys_only=True)
+        )
+        return [bytes(kv.key) for kv in response.kvs]
+
+    def _entry(self, kv: Any, cls: type[M]) -> Entry[M]:
+        return Entry(
+            value=decode(cls, kv.value, kv.key),
+            mod_revision=int(kv.mod_revision),
+            create_revision=int(kv.create_revision),
+            lease=int(kv.lease),
+        )
+
+    async def txn(
+        self,
+        ops: Sequence[Put | Delete],
+        *,
+        expect: Sequence[Expect] = (),
+        fence: Fence | None = None,
+    ) -> int:
+        """Apply `ops` atomically if every `expect` holds and, with a fence, leadership does.
+
+        Returns:
+            The revision of the write.
+
+        Raises:
+            FenceLost: The fence's election key is gone or was re-created (nothing written).
+            Conflict: An `expect` failed (nothing written).
+        """
+        compare = [self._compare_mod(e) for e in expect]
+        if fence is not None:
+            compare.append(
+                rpc.Compare(
+                    key=fence.key,
+                    target=rpc.Compare.CREATE,
+                    result=rpc.Compare.EQUAL,
+                    create_revision=fence.revision,
+                )
+            )
+        success = [self._op(op) for op in ops]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=e.key)) for e in expect]
+        if fence is not None:
+            failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=fence.key)))
+        response = await self._call(
+            "Txn", rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        )
+        if response.succeeded:
+            return int(response.header.revision)
+        ranges = [r.response_range for r in response.responses]
+        if fence is not None:
+            kvs = ranges[-1].kvs
+            if not kvs or kvs[0].create_revision != fence.revision:
+                raise FenceLost()
+        for e, r in zip(expect, ranges, strict=False):
+            actual = r.kvs[0].mod_revision if r.kvs else 0
+            if actual != e.mod_revision:
+                raise Conflict(e.key)
+        raise Conflict(expect[0].key if expect else b"?")
+
+    @staticmethod
+    def _compare_mod(e: Expect) -> Any:
+        return rpc.Compare(
+            key=e.key,
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.EQUAL,
+            mod_revision=e.mod_revision,
+        )
+
+    @staticmethod
+    def _op(op: Put | Delete) -> Any:
+        if isinstance(op, Put):
+            return rpc.RequestOp(
+                request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease)
+            )
+        end = _prefix_end(op.key) if op.prefix else b""
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end))
+
+    async def put(self, key: bytes, message: Message, *, lease: int = 0) -> int:
+        """Unconditional write; returns its revision."""
+        return await self.txn([Put(key, message.SerializeToString(), lease)])
+
+    async def watch(self, prefix: bytes, *, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Changes under a prefix from `start_revision` (inclusive), forever.
+
+        A broken watch stream is re-established from the last revision seen, so no change is
+        missed or repeated; a compacted start revision raises `StoreError` (re-list and retry).
+        """
+        next_revision = start_revision
+        while True:
+            try:
+                stream = await self._client.watch_prefix(prefix, start_revision=next_revision)
+                async for event in stream:
+                    kind = event.kind
+                    kv = event.kv
+                    revision = int(kv.mod_revision)
+                    if revision < next_revision:
+                        continue
+                    next_revision = revision + 1
+                    value = None if kind == aetcd.rtypes.EventKind.DELETE else bytes(kv.value)
+                    yield WatchEvent(bytes(kv.key), value, revision)
+            except aetcd.exceptions.RevisionCompactedError as error:
+                raise StoreError(f"watch of {prefix.decode()}: {error}") from error
+            except (aetcd.exceptions.ClientError, rpc.AioRpcError) as error:
+                log.warning("etcd_watch_broken", prefix=prefix.decode(), error=str(error))
+                await asyncio.sleep(0.5)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        """A new lease of `ttl_s` seconds; returns its id."""
+        response = await self._call("LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s))
+        return int(response.ID)
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Refresh a lease once; returns its remaining TTL in seconds (≤ 0: it has expired)."""
+        try:
+            reply = await self._client.refresh_lease(lease_id)
+        except aetcd.exceptions.ClientError as error:
+            raise StoreUnavailable(f"lease keep-alive: {error}") from error
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Revoke a lease, deleting every key attached to it."""
+        await self._call("LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
+
+    # -- typed entities ------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> Entry[pb.Job] | None:
+        """A job record."""
+        return await self.get(self.keys.job(job_id), pb.Job)
+
+    async def list_jobs(self) -> tuple[list[Entry[pb.Job]], int]:
+        """Every job record (key order = id order) and the revision read."""
+        return await self.list(self.keys.prefix("jobs"), pb.Job)
+
+    async def create_job(self, job: pb.Job) -> tuple[pb.Job, bool]:
+        """Store a new job unless its request id was seen; returns (stored job, created).
+
+        The request index and the job are written in one transaction that requires the index to
+        be absent, so two concurrent submits with one request id create one job.
+        """
+        index = self.keys.request(job.request_id)
+        for _ in range(5):
+            try:
+                await self.txn(
+                    [
+                        Put(index, job.id.encode()),
+                        Put(self.keys.job(job.id), job.SerializeToString()),
+                    ],
+                    expect=[Expect(index, 0), Expect(self.keys.job(job.id), 0)],
+                )
+                return job, True
+            except Conflict:
+                response = await self._call("Range", rpc.RangeRequest(key=index))
+                if not response.kvs:
+                    continue  # the job id collided, not the request id: caller's id is unique
+                existing = await self.get_job(bytes(response.kvs[0].value).decode())
+                if existing is not None:
+                    return existing.value, False
+        raise StoreError(f"could not store job {job.id}: repeated conflicts")
+
+    async def update_job(
+        self, job: pb.Job, *, expected: int, fence: Fence | None = None
+    ) -> int:
+        """Replace a job record read at mod revision `expected`; returns the new revision."""
+        key = self.keys.job(job.id)
+        return await self.txn(
+            [Put(key, job.SerializeToString())], expect=[Expect(key, expected)], fence=fence
+        )
+
+    async def delete_job(self, job: pb.Job, *, expected: int) -> None:
+        """Delete a job with its request index, model, observations, allocation and replicas."""
+        k = self.keys
+        await self.txn(
+            [
+                Delete(k.job(job.id)),
+                Delete(k.request(job.request_id)),
+                Delete(k.model(job.id)),
+                Delete(k.observations(job.id)),
+                Delete(k.allocation(job.id)),
+                Delete(k.replicas_of(job.id), prefix=True),
+            ],
+            expect=[Expect(k.job(job.id), expected)],
+        )
+
+    async def list_nodes(self) -> tuple[list[Entry[pb.Node]], int]:
+        """Registered nodes."""
+        return await self.list(self.keys.prefix("nodes"), pb.Node)
+
+    async def register_node(self, node: pb.Node, *, lease: int) -> int:
+        """(Re-)register a node under its launcher's lease."""
+        return await self.put(self.keys.node(node.name), node, lease=lease)
+
+    async def list_agents(self) -> tuple[list[Entry[pb.Member]], int]:
+        """Registered agents."""
+        return await self.list(self.keys.prefix("agents"), pb.Member)
+
+    async def register_agent(self, agent: pb.Member, *, lease: int) -> int:
+        """(Re-)register an agent under its lease."""
+        return await self.put(self.keys.agent(agent.id), agent, lease=lease)
+
+    async def get_model(self, job_id: str) -> Entry[pb.JobModel] | None:
+        """A job's latest model."""
+        return await self.get(self.keys.model(job_id), pb.JobModel)
+
+    async def list_models(self) -> tuple[list[Entry[pb.JobModel]], int]:
+        """Every job model."""
+        return await self.list(self.keys.prefix("models"), pb.JobModel)
+
+    async def get_profile(self, job_id: str) -> Entry[pb.ObservationProfile] | None:
+        """A job's observation profile."""
+        return await self.get(self.keys.observations(job_id), pb.ObservationProfile)
+
+    async def save_profile_and_model(
+        self,
+        profile: pb.ObservationProfile,
+        model: pb.JobModel | None,
+        *,
+        expected: int,
+    ) -> int:
+        """Write a job's profile (read at `expected`; 0 = new) and, if given, its model, atomically.
+
+        Only while the job exists: a deleted job's agent cannot resurrect its keys.
+        """
+        k = self.keys
+        job_key = k.job(profile.job_id)
+        ops: list[Put | Delete] = [
+            Put(k.observations(profile.job_id), profile.SerializeToString())
+        ]
+        if model is not None:
+            ops.append(Put(k.model(profile.job_id), model.SerializeToString()))
+        compare = [self._compare_mod(Expect(k.observations(profile.job_id), expected))]
+        compare.append(
+            rpc.Compare(key=job_key, target=rpc.Compare.VERSION, result=rpc.Compare.GREATER,
+                        version=0)
+        )
+        response = await self._call(
+            "Txn",
+            rpc.TxnRequest(
+                compare=compare,
+                success=[self._op(op) for op in ops],
+                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=job_key))],
+            ),
+        )
+        if response.succeeded:
+            return int(response.header.revision)
+        if not response.responses[0].response_range.kvs:
+            raise Conflict(job_key)
+        raise Conflict(k.observations(profile.job_id))
+
+    async def list_allocations(self) -> tuple[dict[str, Entry[pb.Allocation]], int]:
+        """Every allocation by job id, and the revision read."""
+        prefix = self.keys.prefix("allocations")
+        response = await self._call(
+            "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix))
+        )
+        allocations = {
+            self.keys.name_of(bytes(kv.key), "allocations"): self._entry(kv, pb.Allocation)
+            for kv in response.kvs
+        }
+        return allocations, int(response.header.revision)
+
+    async def put_replica_status(self, status: pb.ReplicaStatus, *, lease: int = 0) -> int:
+        """Record a replica's phase (launchers)."""
+        return await self.put(self.keys.replica(status.job_id, status.rank), status, lease=lease)
+
+    async def list_replica_statuses(
+        self, job_id: str | None = None
+    ) -> tuple[list[Entry[pb.ReplicaStatus]], int]:
+        """Replica statuses of one job, or of every job."""
+        prefix = self.keys.replicas_of(job_id) if job_id else self.keys.prefix("replicas")
+        return await self.list(prefix, pb.ReplicaStatus)
+
+    async def get_decision(self, round_number: int) -> Entry[pb.Decision] | None:
+        """A round's decision record."""
+        return await self.get(self.keys.decision(round_number), pb.Decision)
+
+    async def latest_decisions(self, limit: int) -> list[pb.Decision]:
+        """The most recent decisions, newest first."""
+        prefix = self.keys.prefix("decisions")
+        response = await self._call(
+            "Range",
+            rpc.RangeRequest(
+                key=prefix,
+                range_end=_prefix_end(prefix),
+                limit=limit,
+                sort_order=rpc.RangeRequest.DESCEND,
+                sort_target=rpc.RangeRequest.KEY,
+            ),
+        )
+        return [decode(pb.Decision, kv.value, kv.key) for kv in response.kvs]

@@ -1,0 +1,1 @@
+"""The NodeLauncher service: node registration and job replica processes."""

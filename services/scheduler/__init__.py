@@ -1,0 +1,1 @@
+"""The Scheduler service: cluster-wide allocation with leader election and fenced writes."""

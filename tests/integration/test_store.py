@@ -1,0 +1,117 @@
+"""Store contract on real etcd: typed round trips, optimistic concurrency, fencing, leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pollux.service.store import Conflict, Delete, Expect, Fence, FenceLost, Put, Store
+from pollux.v1 import types_pb2 as pb
+
+
+def job(job_id: str, request_id: str = "") -> pb.Job:
+    return pb.Job(
+        id=job_id,
+        request_id=request_id or f"req-{job_id}",
+        state=pb.JOB_STATE_PENDING,
+        spec=pb.JobSpec(name="train", command=["python", "-c", "pass"]),
+    )
+
+
+async def test_job_round_trip_keeps_every_field(store: Store) -> None:
+    stored, created = await store.create_job(job("j-1"))
+    assert created
+    entry = await store.get_job("j-1")
+    assert entry is not None
+    assert entry.value == stored
+    assert entry.mod_revision == entry.create_revision > 0
+
+
+async def test_same_request_id_creates_one_job(store: Store) -> None:
+    results = await asyncio.gather(*(store.create_job(job(f"j-{i}", "same")) for i in range(5)))
+    created = [j for j, was_created in results if was_created]
+    assert len(created) == 1
+    assert {j.id for j, _ in results} == {created[0].id}
+    jobs, _ = await store.list_jobs()
+    assert [e.value.id for e in jobs] == [created[0].id]
+
+
+async def test_update_with_stale_revision_conflicts_and_writes_nothing(store: Store) -> None:
+    await store.create_job(job("j-1"))
+    entry = await store.get_job("j-1")
+    assert entry is not None
+    first = pb.Job()
+    first.CopyFrom(entry.value)
+    first.state = pb.JOB_STATE_RUNNING
+    await store.update_job(first, expected=entry.mod_revision)
+    stale = pb.Job()
+    stale.CopyFrom(entry.value)
+    stale.state = pb.JOB_STATE_CANCELLED
+    with pytest.raises(Conflict):
+        await store.update_job(stale, expected=entry.mod_revision)
+    after = await store.get_job("j-1")
+    assert after is not None
+    assert after.value.state == pb.JOB_STATE_RUNNING
+
+
+async def test_fenced_write_fails_once_the_leader_key_is_gone(store: Store) -> None:
+    lease = await store.grant_lease(5)
+    key = store.keys.leader(lease)
+    revision = await store.txn([Put(key, b"me", lease)], expect=[Expect(key, 0)])
+    fence = Fence(key, revision)
+    await store.txn([Put(store.keys.job("a"), b"")], fence=fence)
+    await store.revoke_lease(lease)
+    with pytest.raises(FenceLost):
+        await store.txn([Put(store.keys.job("b"), b"")], fence=fence)
+    assert await store.list_keys(store.keys.job("b")) == []
+
+
+async def test_fence_of_a_recreated_key_is_rejected(store: Store) -> None:
+    key = store.keys.leader(1)
+    old = await store.txn([Put(key, b"old")])
+    await store.txn([Put(store.keys.job("x"), b"")], fence=Fence(key, old))
+    await store.txn([Put(key, b"")], expect=[Expect(key, old)])  # same key, same create rev
+    await store.txn([Put(store.keys.job("y"), b"")], fence=Fence(key, old))
+    await store.txn([Delete(key)])
+    await store.txn([Put(key, b"new")])
+    with pytest.raises(FenceLost):
+        await store.txn([Put(store.keys.job("z"), b"")], fence=Fence(key, old))
+
+
+async def test_watch_sees_changes_in_order_from_a_revision(store: Store) -> None:
+    _, revision = await store.list_jobs()
+    seen: list[tuple[bytes, bool]] = []
+
+    async def consume() -> None:
+        async for event in store.watch(store.keys.prefix("jobs"), start_revision=revision + 1):
+            seen.append((event.key, event.value is None))
+            if len(seen) == 2:
+                return
+
+    task = asyncio.create_task(consume())
+    await store.create_job(job("j-1"))
+    entry = await store.get_job("j-1")
+    assert entry is not None
+    await store.delete_job(entry.value, expected=entry.mod_revision)
+    await asyncio.wait_for(task, 10)
+    assert seen == [(store.keys.job("j-1"), False), (store.keys.job("j-1"), True)]
+
+
+async def test_leased_registration_disappears_when_the_lease_is_revoked(store: Store) -> None:
+    lease = await store.grant_lease(5)
+    await store.register_node(pb.Node(name="n1", gpus=4), lease=lease)
+    assert await store.keep_alive(lease) > 0
+    nodes, _ = await store.list_nodes()
+    assert [e.value.name for e in nodes] == ["n1"]
+    await store.revoke_lease(lease)
+    nodes, _ = await store.list_nodes()
+    assert nodes == []
+    assert await store.keep_alive(lease) <= 0
+
+
+async def test_profile_of_a_deleted_job_is_not_written(store: Store) -> None:
+    profile = pb.ObservationProfile(job_id="gone")
+    with pytest.raises(Conflict):
+        await store.save_profile_and_model(profile, None, expected=0)
+    assert await store.get_profile("gone") is None
