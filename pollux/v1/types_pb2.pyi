@@ -249,7 +249,7 @@ class GradientStats(_message.Message):
     def __init__(self, sqr: _Optional[float] = ..., var: _Optional[float] = ...) -> None: ...
 
 class ObservationProfile(_message.Message):
-    __slots__ = ("job_id", "observations", "gradient", "applied_seq")
+    __slots__ = ("job_id", "observations", "gradient", "applied_seq", "last_configs")
     class AppliedSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -257,15 +257,24 @@ class ObservationProfile(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LastConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: BatchConfig
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[BatchConfig, _Mapping]] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     observations: _containers.RepeatedCompositeFieldContainer[StepObservation]
     gradient: GradientStats
     applied_seq: _containers.ScalarMap[str, int]
-    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    last_configs: _containers.MessageMap[str, BatchConfig]
+    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ..., last_configs: _Optional[_Mapping[str, BatchConfig]] = ...) -> None: ...
 
 class BatchConfig(_message.Message):
     __slots__ = ("local_batch_size", "accum_steps", "total_batch_size", "predicted_speedup")
