@@ -1,1 +1,44 @@
-"""Python client of the Pollux API and the pollux-cli command."""
+"""Python client of the Pollux API and the pollux-cli command.
+
+    from pollux.client import Client, JobSpec
+
+    with Client("127.0.0.1:7070") as pollux:
+        job = pollux.submit(JobSpec("train", ("python", "train.py"), 256, max_batch_size=4096))
+"""
+
+from pollux.client.client import Client, JobEvent
+from pollux.client.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PolluxError,
+    UnavailableError,
+)
+from pollux.client.types import (
+    Allocation,
+    ClusterStatus,
+    Explanation,
+    Job,
+    JobSpec,
+    NodeStatus,
+    Transition,
+)
+
+__all__ = [
+    "AlreadyExistsError",
+    "Allocation",
+    "Client",
+    "ClusterStatus",
+    "Explanation",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "Job",
+    "JobEvent",
+    "JobSpec",
+    "NodeStatus",
+    "NotFoundError",
+    "PolluxError",
+    "Transition",
+    "UnavailableError",
+]

@@ -16,7 +16,7 @@ import numpy as np
 from pollux.policy import greedy, nsga2
 from pollux.policy.allocation import validate_state
 from pollux.policy.problem import PolluxParams, Problem
-from pollux.policy.types import AllocationDecision, ClusterState, PolicyInputError
+from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
 
 __all__ = ["Optimizer", "PolluxParams", "PolluxPolicy"]
 
@@ -47,6 +47,15 @@ class PolluxPolicy:
     ) -> AllocationDecision:
         """Choose every job's allocation for this round."""
         validate_state(state)
+        if not state.nodes:
+            # A cluster with no registered node (yet): every job waits.
+            return AllocationDecision(
+                allocations={job.name: () for job in state.jobs},
+                explain={
+                    job.name: JobExplain(0.0, 1.0, "pending: no nodes in the cluster")
+                    for job in state.jobs
+                },
+            )
         problem = Problem(state, self.params)
         if problem.num_jobs == 0:
             return AllocationDecision(allocations={}, explain={})

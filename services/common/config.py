@@ -47,7 +47,7 @@ def load(cls: type[T], path: Path | None = None, env_prefix: str = "POLLUX") -> 
     _apply_env(raw, env_prefix, os.environ)
     value = _build(cls, raw, "", problems)
     if not problems:
-        problems.extend(_validate(value, ""))
+        problems.extend(validate(value, ""))
     if problems:
         raise ConfigError(problems)
     return typing.cast(T, value)
@@ -105,8 +105,11 @@ def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
             problems.append(f"{path}: expected a list, got {value!r}")
             return ()
         inner = typing.get_args(hint)[0]
-        return tuple(_convert(v.strip() if isinstance(v, str) else v, inner, path, problems)
-                     for v in items if v != "")
+        return tuple(
+            _convert(v.strip() if isinstance(v, str) else v, inner, path, problems)
+            for v in items
+            if v != ""
+        )
     try:
         if hint is bool:
             if isinstance(value, bool):
@@ -128,7 +131,8 @@ def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
     return value
 
 
-def _validate(value: Any, where: str) -> list[str]:
+def validate(value: Any, where: str = "") -> list[str]:
+    """Every problem the `problems()` methods of a config tree report, with dotted paths."""
     problems: list[str] = []
     if not dataclasses.is_dataclass(value):
         return problems
@@ -138,7 +142,7 @@ def _validate(value: Any, where: str) -> list[str]:
     for f in dataclasses.fields(value):
         child = getattr(value, f.name)
         if dataclasses.is_dataclass(child):
-            problems.extend(_validate(child, f"{where}{f.name}."))
+            problems.extend(validate(child, f"{where}{f.name}."))
     return problems
 
 

@@ -95,10 +95,13 @@ async def wait_for_signal() -> int:
     """Wait for SIGTERM or SIGINT; returns the signal number."""
     loop = asyncio.get_running_loop()
     received: asyncio.Future[int] = loop.create_future()
+
+    def deliver(number: int) -> None:
+        if not received.done():
+            received.set_result(number)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(
-            sig, lambda s=sig: received.done() or received.set_result(int(s))
-        )
+        loop.add_signal_handler(sig, deliver, int(sig))
     try:
         return await received
     finally:

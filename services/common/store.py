@@ -128,6 +128,27 @@ class WatchEvent:
     revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The cluster state at one etcd revision (what a scheduling round reads).
+
+    Attributes:
+        revision: The etcd revision every part reflects.
+        jobs: Job records by id, with their mod revisions for the round's conditional writes.
+        nodes: Registered nodes by name.
+        agents: Registered agents.
+        models: Latest job models by job id.
+        replicas: Replica statuses of every job.
+    """
+
+    revision: int
+    jobs: dict[str, Entry[pb.Job]]
+    nodes: dict[str, pb.Node]
+    agents: list[pb.Member]
+    models: dict[str, pb.JobModel]
+    replicas: list[pb.ReplicaStatus]
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     end = bytearray(prefix)
     while end:
@@ -206,10 +227,20 @@ class Store:
             return None
         return self._entry(response.kvs[0], cls)
 
-    async def list(self, prefix: bytes, cls: type[M]) -> tuple[list[Entry[M]], int]:
-        """Every message under a prefix in key order, and the revision they reflect."""
+    async def scan(
+        self, prefix: bytes, cls: type[M], *, revision: int = 0
+    ) -> tuple[list[Entry[M]], int]:
+        """Every message under a prefix in key order, and the revision they reflect.
+
+        Args:
+            prefix: Key prefix.
+            cls: Message type of the values.
+            revision: Read as of this etcd revision (0: the latest), so several prefixes can be
+                read as one consistent snapshot.
+        """
         response = await self._call(
-            "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix))
+            "Range",
+            rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix), revision=revision),
         )
         return [self._entry(kv, cls) for kv in response.kvs], int(response.header.revision)
 
@@ -340,6 +371,23 @@ class Store:
         """Revoke a lease, deleting every key attached to it."""
         await self._call("LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
 
+    async def snapshot(self) -> Snapshot:
+        """Jobs, nodes, agents, models, allocations and replica statuses at one revision."""
+        jobs, revision = await self.list_jobs()
+        k = self.keys
+        nodes, _ = await self.scan(k.prefix("nodes"), pb.Node, revision=revision)
+        agents, _ = await self.scan(k.prefix("agents"), pb.Member, revision=revision)
+        models, _ = await self.scan(k.prefix("models"), pb.JobModel, revision=revision)
+        replicas, _ = await self.scan(k.prefix("replicas"), pb.ReplicaStatus, revision=revision)
+        return Snapshot(
+            revision=revision,
+            jobs={e.value.id: e for e in jobs},
+            nodes={e.value.name: e.value for e in nodes},
+            agents=[e.value for e in agents],
+            models={e.value.job_id: e.value for e in models},
+            replicas=[e.value for e in replicas],
+        )
+
     # -- typed entities ------------------------------------------------------------------------
 
     async def get_job(self, job_id: str) -> Entry[pb.Job] | None:
@@ -348,7 +396,7 @@ class Store:
 
     async def list_jobs(self) -> tuple[list[Entry[pb.Job]], int]:
         """Every job record (key order = id order) and the revision read."""
-        return await self.list(self.keys.prefix("jobs"), pb.Job)
+        return await self.scan(self.keys.prefix("jobs"), pb.Job)
 
     async def create_job(self, job: pb.Job) -> tuple[pb.Job, bool]:
         """Store a new job unless its request id was seen; returns (stored job, created).
@@ -376,9 +424,7 @@ class Store:
                     return existing.value, False
         raise StoreError(f"could not store job {job.id}: repeated conflicts")
 
-    async def update_job(
-        self, job: pb.Job, *, expected: int, fence: Fence | None = None
-    ) -> int:
+    async def update_job(self, job: pb.Job, *, expected: int, fence: Fence | None = None) -> int:
         """Replace a job record read at mod revision `expected`; returns the new revision."""
         key = self.keys.job(job.id)
         return await self.txn(
@@ -402,7 +448,7 @@ class Store:
 
     async def list_nodes(self) -> tuple[list[Entry[pb.Node]], int]:
         """Registered nodes."""
-        return await self.list(self.keys.prefix("nodes"), pb.Node)
+        return await self.scan(self.keys.prefix("nodes"), pb.Node)
 
     async def register_node(self, node: pb.Node, *, lease: int) -> int:
         """(Re-)register a node under its launcher's lease."""
@@ -410,7 +456,7 @@ class Store:
 
     async def list_agents(self) -> tuple[list[Entry[pb.Member]], int]:
         """Registered agents."""
-        return await self.list(self.keys.prefix("agents"), pb.Member)
+        return await self.scan(self.keys.prefix("agents"), pb.Member)
 
     async def register_agent(self, agent: pb.Member, *, lease: int) -> int:
         """(Re-)register an agent under its lease."""
@@ -422,7 +468,7 @@ class Store:
 
     async def list_models(self) -> tuple[list[Entry[pb.JobModel]], int]:
         """Every job model."""
-        return await self.list(self.keys.prefix("models"), pb.JobModel)
+        return await self.scan(self.keys.prefix("models"), pb.JobModel)
 
     async def get_profile(self, job_id: str) -> Entry[pb.ObservationProfile] | None:
         """A job's observation profile."""
@@ -441,15 +487,14 @@ class Store:
         """
         k = self.keys
         job_key = k.job(profile.job_id)
-        ops: list[Put | Delete] = [
-            Put(k.observations(profile.job_id), profile.SerializeToString())
-        ]
+        ops: list[Put | Delete] = [Put(k.observations(profile.job_id), profile.SerializeToString())]
         if model is not None:
             ops.append(Put(k.model(profile.job_id), model.SerializeToString()))
         compare = [self._compare_mod(Expect(k.observations(profile.job_id), expected))]
         compare.append(
-            rpc.Compare(key=job_key, target=rpc.Compare.VERSION, result=rpc.Compare.GREATER,
-                        version=0)
+            rpc.Compare(
+                key=job_key, target=rpc.Compare.VERSION, result=rpc.Compare.GREATER, version=0
+            )
         )
         response = await self._call(
             "Txn",
@@ -486,7 +531,7 @@ class Store:
     ) -> tuple[list[Entry[pb.ReplicaStatus]], int]:
         """Replica statuses of one job, or of every job."""
         prefix = self.keys.replicas_of(job_id) if job_id else self.keys.prefix("replicas")
-        return await self.list(prefix, pb.ReplicaStatus)
+        return await self.scan(prefix, pb.ReplicaStatus)
 
     async def get_decision(self, round_number: int) -> Entry[pb.Decision] | None:
         """A round's decision record."""

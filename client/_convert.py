@@ -1,0 +1,427 @@
+"""Private conversions between the client's dataclasses and ``pollux.v1`` messages.
+
+The only module of the client (with the transport in client.py) that knows protobuf exists;
+everything public speaks `pollux.client.types`. Both directions are written for every type so
+that a round trip can be tested, and so that fakes in tests can serve the real messages.
+
+Conventions: enum values become short strings ("PENDING", "adascale", "ring"); an unset
+Timestamp becomes None; an empty allocation (no nodes) becomes None.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from pollux.client.types import (
+    Allocation,
+    BatchConfig,
+    ClusterStatus,
+    Explanation,
+    Job,
+    JobDecision,
+    JobSpec,
+    Member,
+    ModelSummary,
+    NodeStatus,
+    RoundInfo,
+    ThroughputParams,
+    Transition,
+)
+from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import types_pb2 as pb
+
+_STATE_PREFIX = "JOB_STATE_"
+_STATE_NAMES: dict[int, str] = {
+    v.number: v.name.removeprefix(_STATE_PREFIX) for v in pb.JobState.DESCRIPTOR.values
+}
+_STATE_NUMBERS: dict[str, int] = {name: number for number, name in _STATE_NAMES.items()}
+_RULE_NAMES: dict[int, str] = {
+    pb.SCALING_RULE_UNSPECIFIED: "adascale",  # the API's default rule
+    pb.SCALING_RULE_ADASCALE: "adascale",
+    pb.SCALING_RULE_LINEAR: "linear",
+    pb.SCALING_RULE_SQRT: "sqrt",
+    pb.SCALING_RULE_NONE: "none",
+}
+_RULE_NUMBERS: dict[str, int] = {
+    "adascale": pb.SCALING_RULE_ADASCALE,
+    "linear": pb.SCALING_RULE_LINEAR,
+    "sqrt": pb.SCALING_RULE_SQRT,
+    "none": pb.SCALING_RULE_NONE,
+}
+_SYNC_NAMES: dict[int, str] = {
+    pb.SYNC_MODEL_UNSPECIFIED: "ring",  # the API's default shape
+    pb.SYNC_MODEL_RING: "ring",
+    pb.SYNC_MODEL_LINEAR: "linear",
+}
+_SYNC_NUMBERS: dict[str, int] = {"ring": pb.SYNC_MODEL_RING, "linear": pb.SYNC_MODEL_LINEAR}
+
+
+# ---- scalars ---------------------------------------------------------------------------------
+
+
+def state_name(number: int) -> str:
+    """Short name of a JobState value; ``STATE_<n>`` for a value this client does not know."""
+    return _STATE_NAMES.get(number, f"STATE_{number}")
+
+
+def state_number(name: str) -> int:
+    """JobState value of a short or full state name, case-insensitively.
+
+    Raises:
+        KeyError: The name is not a job state.
+    """
+    return _STATE_NUMBERS[name.upper().removeprefix(_STATE_PREFIX)]
+
+
+def time_from_proto(message: Any, name: str) -> datetime | None:
+    """The Timestamp field `name` of `message` as an aware UTC datetime, None when unset."""
+    if not message.HasField(name):
+        return None
+    stamp: timestamp_pb2.Timestamp = getattr(message, name)
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def time_to_proto(value: datetime | None, target: timestamp_pb2.Timestamp) -> None:
+    """Set `target` from `value` (naive datetimes are taken as UTC); leave it unset for None."""
+    if value is None:
+        return
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    target.FromDatetime(value)
+
+
+# ---- jobs ------------------------------------------------------------------------------------
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    """The API message of a spec."""
+    out = pb.JobSpec(
+        name=spec.name,
+        command=list(spec.command),
+        env=dict(spec.env),
+        working_dir=spec.working_dir,
+        batch=pb.BatchLimits(
+            initial_batch_size=spec.initial_batch_size,
+            max_batch_size=spec.max_batch_size,
+            min_local_batch_size=spec.min_local_batch_size,
+            max_local_batch_size=spec.max_local_batch_size,
+        ),
+        max_replicas=spec.max_replicas,
+        max_failures=spec.max_failures,
+        stop_grace_s=spec.stop_grace_s,
+        labels=dict(spec.labels),
+    )
+    out.scaling_rule = _RULE_NUMBERS[spec.scaling_rule]  # type: ignore[assignment]
+    return out
+
+
+def spec_from_proto(message: pb.JobSpec) -> JobSpec:
+    """The spec carried by an API message."""
+    batch = message.batch
+    return JobSpec(
+        name=message.name,
+        command=tuple(message.command),
+        initial_batch_size=batch.initial_batch_size,
+        env=dict(message.env),
+        working_dir=message.working_dir,
+        max_batch_size=batch.max_batch_size,
+        min_local_batch_size=batch.min_local_batch_size,
+        max_local_batch_size=batch.max_local_batch_size,
+        scaling_rule=_RULE_NAMES.get(message.scaling_rule, "adascale"),  # type: ignore[arg-type]
+        max_replicas=message.max_replicas,
+        max_failures=message.max_failures,
+        stop_grace_s=message.stop_grace_s,
+        labels=dict(message.labels),
+    )
+
+
+def allocation_to_proto(allocation: Allocation, target: pb.Allocation) -> None:
+    """Fill `target` from `allocation`."""
+    target.nodes.extend(allocation.nodes)
+    target.generation = allocation.generation
+    target.round = allocation.round
+    time_to_proto(allocation.time, target.time)
+
+
+def allocation_from_proto(message: pb.Allocation) -> Allocation | None:
+    """The allocation, or None when it holds no GPUs."""
+    if not message.nodes:
+        return None
+    return Allocation(
+        nodes=tuple(message.nodes),
+        generation=message.generation,
+        time=time_from_proto(message, "time"),
+        round=message.round,
+    )
+
+
+def job_to_proto(job: Job) -> pb.Job:
+    """The API message of a job (used by fakes and round-trip tests)."""
+    out = pb.Job(
+        id=job.id,
+        spec=spec_to_proto(job.spec),
+        request_id=job.request_id,
+        cancel_requested=job.cancel_requested,
+        restarts=job.restarts,
+        failures=job.failures,
+        attained_gpu_seconds=job.attained_gpu_seconds,
+    )
+    out.state = state_number(job.state)  # type: ignore[assignment]
+    for transition in job.history:
+        entry = out.history.add(state=state_number(transition.state), reason=transition.reason)
+        time_to_proto(transition.time, entry.time)
+    time_to_proto(job.create_time, out.create_time)
+    time_to_proto(job.finish_time, out.finish_time)
+    if job.allocation is not None:
+        allocation_to_proto(job.allocation, out.allocation)
+    return out
+
+
+def job_from_proto(message: pb.Job) -> Job:
+    """The job carried by an API message."""
+    return Job(
+        id=message.id,
+        spec=spec_from_proto(message.spec),
+        request_id=message.request_id,
+        state=state_name(message.state),
+        history=tuple(
+            Transition(state=state_name(t.state), time=time_from_proto(t, "time"), reason=t.reason)
+            for t in message.history
+        ),
+        create_time=time_from_proto(message, "create_time"),
+        finish_time=time_from_proto(message, "finish_time"),
+        cancel_requested=message.cancel_requested,
+        restarts=message.restarts,
+        failures=message.failures,
+        allocation=allocation_from_proto(message.allocation),
+        attained_gpu_seconds=message.attained_gpu_seconds,
+    )
+
+
+# ---- explain ---------------------------------------------------------------------------------
+
+
+def decision_to_proto(decision: JobDecision) -> pb.JobDecision:
+    """The API message of a job's decision."""
+    return pb.JobDecision(
+        job_id=decision.job_id,
+        nodes=list(decision.nodes),
+        speedup=decision.speedup,
+        restart_penalty=decision.restart_penalty,
+        reason=decision.reason,
+        changed=decision.changed,
+    )
+
+
+def decision_from_proto(message: pb.JobDecision) -> JobDecision:
+    """A job's decision from its API message."""
+    return JobDecision(
+        job_id=message.job_id,
+        nodes=tuple(message.nodes),
+        speedup=message.speedup,
+        restart_penalty=message.restart_penalty,
+        reason=message.reason,
+        changed=message.changed,
+    )
+
+
+def round_to_proto(info: RoundInfo) -> pb.Decision:
+    """The API message of a round (its jobs left empty, as Explain sends it)."""
+    out = pb.Decision(
+        round=info.round,
+        policy=info.policy,
+        objective=info.objective,
+        snapshot_revision=info.snapshot_revision,
+        scheduler_id=info.scheduler_id,
+    )
+    time_to_proto(info.time, out.time)
+    return out
+
+
+def round_from_proto(message: pb.Decision) -> RoundInfo:
+    """Round number, time, policy and objective of a decision record."""
+    return RoundInfo(
+        round=message.round,
+        time=time_from_proto(message, "time"),
+        policy=message.policy,
+        objective=message.objective,
+        snapshot_revision=message.snapshot_revision,
+        scheduler_id=message.scheduler_id,
+    )
+
+
+def batch_to_proto(batch: BatchConfig) -> pb.BatchConfig:
+    """The API message of a batch configuration."""
+    return pb.BatchConfig(
+        local_batch_size=batch.local_batch_size,
+        accum_steps=batch.accum_steps,
+        total_batch_size=batch.total_batch_size,
+        predicted_speedup=batch.predicted_speedup,
+    )
+
+
+def batch_from_proto(message: pb.BatchConfig) -> BatchConfig:
+    """A batch configuration from its API message."""
+    return BatchConfig(
+        local_batch_size=message.local_batch_size,
+        accum_steps=message.accum_steps,
+        total_batch_size=message.total_batch_size,
+        predicted_speedup=message.predicted_speedup,
+    )
+
+
+def model_to_proto(job_id: str, model: ModelSummary) -> pb.JobModel:
+    """The API message of a model summary for job `job_id`."""
+    out = pb.JobModel(
+        job_id=job_id,
+        grad_sqr=model.grad_sqr,
+        grad_var=model.grad_var,
+        batch=pb.BatchLimits(
+            initial_batch_size=model.initial_batch_size,
+            max_batch_size=model.max_batch_size,
+            min_local_batch_size=model.min_local_batch_size,
+            max_local_batch_size=model.max_local_batch_size,
+        ),
+        max_profiled_replicas=model.max_profiled_replicas,
+        observations=model.observations,
+        agent_id=model.agent_id,
+    )
+    if model.throughput is not None:
+        t = model.throughput
+        out.throughput.CopyFrom(
+            pb.ThroughputParams(
+                alpha_c=t.alpha_c,
+                beta_c=t.beta_c,
+                alpha_n=t.alpha_n,
+                beta_n=t.beta_n,
+                alpha_r=t.alpha_r,
+                beta_r=t.beta_r,
+                gamma=t.gamma,
+            )
+        )
+        out.throughput.sync_model = _SYNC_NUMBERS[t.sync_model]  # type: ignore[assignment]
+    time_to_proto(model.update_time, out.update_time)
+    return out
+
+
+def model_from_proto(message: pb.JobModel) -> ModelSummary:
+    """A model summary from the job's published model."""
+    throughput = None
+    if message.HasField("throughput"):
+        t = message.throughput
+        throughput = ThroughputParams(
+            alpha_c=t.alpha_c,
+            beta_c=t.beta_c,
+            alpha_n=t.alpha_n,
+            beta_n=t.beta_n,
+            alpha_r=t.alpha_r,
+            beta_r=t.beta_r,
+            gamma=t.gamma,
+            sync_model=_SYNC_NAMES.get(t.sync_model, f"sync_model_{t.sync_model}"),
+        )
+    return ModelSummary(
+        agent_id=message.agent_id,
+        observations=message.observations,
+        max_profiled_replicas=message.max_profiled_replicas,
+        throughput=throughput,
+        grad_sqr=message.grad_sqr,
+        grad_var=message.grad_var,
+        initial_batch_size=message.batch.initial_batch_size,
+        max_batch_size=message.batch.max_batch_size,
+        min_local_batch_size=message.batch.min_local_batch_size,
+        max_local_batch_size=message.batch.max_local_batch_size,
+        update_time=time_from_proto(message, "update_time"),
+    )
+
+
+def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:
+    """The Explain reply that carries `explanation`."""
+    out = spb.ExplainResponse(job=job_to_proto(explanation.job))
+    if explanation.decision is not None:
+        out.decision.CopyFrom(decision_to_proto(explanation.decision))
+    if explanation.round is not None:
+        out.round.CopyFrom(round_to_proto(explanation.round))
+    if explanation.model is not None:
+        out.model.CopyFrom(model_to_proto(explanation.job.id, explanation.model))
+    if explanation.batch is not None:
+        out.batch.CopyFrom(batch_to_proto(explanation.batch))
+    return out
+
+
+def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
+    """An explanation from an Explain reply; absent parts become None."""
+    return Explanation(
+        job=job_from_proto(message.job),
+        decision=decision_from_proto(message.decision) if message.HasField("decision") else None,
+        round=round_from_proto(message.round) if message.HasField("round") else None,
+        model=model_from_proto(message.model) if message.HasField("model") else None,
+        batch=batch_from_proto(message.batch) if message.HasField("batch") else None,
+    )
+
+
+# ---- cluster ---------------------------------------------------------------------------------
+
+
+def node_to_proto(node: NodeStatus) -> spb.NodeStatus:
+    """The API message of a node's status."""
+    out = spb.NodeStatus(
+        node=pb.Node(
+            name=node.name,
+            address=node.address,
+            gpus=node.gpus,
+            gpu_type=node.gpu_type,
+            labels=dict(node.labels),
+        ),
+        allocated_gpus=node.allocated_gpus,
+        jobs=list(node.jobs),
+    )
+    time_to_proto(node.register_time, out.node.register_time)
+    return out
+
+
+def node_from_proto(message: spb.NodeStatus) -> NodeStatus:
+    """A node's status from its API message."""
+    node = message.node
+    return NodeStatus(
+        name=node.name,
+        address=node.address,
+        gpus=node.gpus,
+        gpu_type=node.gpu_type,
+        labels=dict(node.labels),
+        register_time=time_from_proto(node, "register_time"),
+        allocated_gpus=message.allocated_gpus,
+        jobs=tuple(message.jobs),
+    )
+
+
+def cluster_to_proto(status: ClusterStatus) -> spb.ClusterStatusResponse:
+    """The ClusterStatus reply that carries `status`."""
+    return spb.ClusterStatusResponse(
+        nodes=[node_to_proto(n) for n in status.nodes],
+        agents=[pb.Member(id=a.id, address=a.address) for a in status.agents],
+        leader_id=status.leader_id,
+        leader_address=status.leader_address,
+        total_gpus=status.total_gpus,
+        allocated_gpus=status.allocated_gpus,
+        jobs_by_state=dict(status.jobs_by_state),
+        last_round=status.last_round,
+        answered_by=status.answered_by,
+    )
+
+
+def cluster_from_proto(message: spb.ClusterStatusResponse) -> ClusterStatus:
+    """The cluster status from a ClusterStatus reply."""
+    return ClusterStatus(
+        nodes=tuple(node_from_proto(n) for n in message.nodes),
+        agents=tuple(Member(id=a.id, address=a.address) for a in message.agents),
+        leader_id=message.leader_id,
+        leader_address=message.leader_address,
+        total_gpus=message.total_gpus,
+        allocated_gpus=message.allocated_gpus,
+        jobs_by_state=dict(message.jobs_by_state),
+        last_round=message.last_round,
+        answered_by=message.answered_by,
+    )

@@ -1,0 +1,470 @@
+"""The synchronous Pollux client: dataclasses in, dataclasses out, typed errors.
+
+Why synchronous: its users are the CLI, scripts and notebooks, none of which run an event loop.
+
+Failure handling happens at two levels, both only for RPCs the API documents as safe to retry
+(all of SchedulerService's unary RPCs; SubmitJob because it carries a `request_id`):
+
+1. Each channel carries a gRPC service config with a retry policy on UNAVAILABLE (style.md R7),
+   so a transient failure of one server is retried by gRPC itself with backoff.
+2. If a server stays UNAVAILABLE (down, lost leadership, etcd unreachable), the client moves on
+   to the next target, or first to the leader the error named, and keeps using whichever
+   answered. Streams fail over only before their first message, so nothing is seen twice.
+
+Every `grpc.RpcError` leaves this module as a `PolluxError` subclass (see errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import grpc
+
+from pollux.client import _convert
+from pollux.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    from_rpc_error,
+)
+from pollux.client.types import JOB_STATES, ClusterStatus, Explanation, Job, JobSpec
+from pollux.v1 import launcher_service_pb2 as lpb
+from pollux.v1 import launcher_service_pb2_grpc, scheduler_service_pb2_grpc
+from pollux.v1 import scheduler_service_pb2 as spb
+
+DEFAULT_TARGET = "127.0.0.1:7070"
+SCHEDULER_SERVICE = "pollux.v1.SchedulerService"
+LAUNCHER_SERVICE = "pollux.v1.LauncherService"
+
+# RPCs whose proto comment says "Safe to retry"; WatchJobs only reads. Only these are retried by
+# gRPC and failed over to another target.
+IDEMPOTENT_RPCS: frozenset[str] = frozenset(
+    {
+        "SubmitJob",
+        "GetJob",
+        "ListJobs",
+        "CancelJob",
+        "DeleteJob",
+        "Explain",
+        "ClusterStatus",
+        "WatchJobs",
+    }
+)
+_UNARY_RETRIED = sorted(IDEMPOTENT_RPCS - {"WatchJobs"})
+
+R = TypeVar("R")
+
+
+def service_config(max_attempts: int = 3) -> str:
+    """The channel's service-config JSON: retry UNAVAILABLE, for idempotent RPCs only.
+
+    gRPC retries only while no response message has arrived, so a retried call is never seen
+    half-done; SubmitJob stays exactly-once because every attempt sends the same request_id.
+    Backoff is 0.1 s, then doubling; gRPC accepts 2-5 attempts.
+    """
+    names = [{"service": SCHEDULER_SERVICE, "method": m} for m in _UNARY_RETRIED]
+    names.append({"service": LAUNCHER_SERVICE, "method": "ListReplicas"})
+    return json.dumps(
+        {
+            "methodConfig": [
+                {
+                    "name": names,
+                    "retryPolicy": {
+                        "maxAttempts": max_attempts,
+                        "initialBackoff": "0.1s",
+                        "maxBackoff": "1s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ]
+        }
+    )
+
+
+class JobEvent(NamedTuple):
+    """One WatchJobs event: the job after a change, and whether it was deleted."""
+
+    job: Job
+    deleted: bool
+
+
+def parse_targets(targets: str | Sequence[str]) -> list[str]:
+    """Split ``"h1:p1,h2:p2"`` (or a list) into distinct host:port targets, in order.
+
+    Raises:
+        ValueError: No target given.
+    """
+    items = targets.split(",") if isinstance(targets, str) else list(targets)
+    out = list(dict.fromkeys(t.strip() for t in items if t.strip()))
+    if not out:
+        raise ValueError("at least one scheduler address (host:port) is required")
+    return out
+
+
+class Client:
+    """A connection to the Pollux schedulers (any replica can serve any request).
+
+    Args:
+        targets: host:port of one or more scheduler replicas, as a list or comma-separated.
+        timeout_s: Deadline of each unary call, seconds (per target). Streams have none.
+        retry_attempts: Attempts per target for a retryable call, 1-5 (1: no gRPC retry).
+            With the default 3, a target that stays UNAVAILABLE costs 0.3 s before failover.
+        credentials: TLS channel credentials; None for plaintext. Also used for launchers.
+
+    Use it as a context manager, or call `close`, to release its channels.
+    """
+
+    def __init__(
+        self,
+        targets: str | Sequence[str] = DEFAULT_TARGET,
+        *,
+        timeout_s: float = 10.0,
+        retry_attempts: int = 3,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not 1 <= retry_attempts <= 5:
+            raise ValueError(f"retry_attempts must be 1-5, got {retry_attempts}")
+        self.retry_attempts = retry_attempts
+        self.targets: tuple[str, ...] = tuple(parse_targets(targets))
+        self.timeout_s = timeout_s
+        self._credentials = credentials
+        self._channels: dict[str, grpc.Channel] = {}
+        self._current = self.targets[0]
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every channel this client opened."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            channel.close()
+
+    # ---- scheduler RPCs ----------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
+        """Submit a job; returns it as stored (PENDING on first submission).
+
+        Args:
+            spec: The job.
+            request_id: Idempotency key; a fresh UUID when None. Every retry and failover of
+                this call reuses it, so the job is created at most once. Pass your own to make
+                resubmitting from a new process safe too.
+
+        Raises:
+            InvalidArgumentError: The spec is invalid; `violations` names each field.
+            AlreadyExistsError: `request_id` was used before for a different spec.
+        """
+        request = spb.SubmitJobRequest(
+            spec=_convert.spec_to_proto(spec), request_id=request_id or str(uuid.uuid4())
+        )
+        response: spb.SubmitJobResponse = self._unary("SubmitJob", request)
+        return _convert.job_from_proto(response.job)
+
+    def get_job(self, job_id: str) -> Job:
+        """One job by id.
+
+        Raises:
+            NotFoundError: No such job.
+        """
+        response: spb.GetJobResponse = self._unary("GetJob", spb.GetJobRequest(job_id=job_id))
+        return _convert.job_from_proto(response.job)
+
+    def list_jobs(
+        self,
+        states: Sequence[str] | None = None,
+        name_prefix: str = "",
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Job]:
+        """Every matching job in creation order, fetching pages as the iterator advances.
+
+        Args:
+            states: Only jobs in these states ("RUNNING", case-insensitive); None means all.
+            name_prefix: Only jobs whose name starts with this.
+            labels: Only jobs carrying all these labels.
+            page_size: Jobs per RPC, 1-1000.
+
+        Raises:
+            InvalidArgumentError: An unknown state name (raised before any RPC).
+        """
+        numbers = _state_numbers(states or ())
+        request = spb.ListJobsRequest(
+            states=numbers,  # type: ignore[arg-type]
+            name_prefix=name_prefix,
+            labels=dict(labels or {}),
+            page_size=page_size,
+        )
+        return self._pages(request)
+
+    def _pages(self, request: spb.ListJobsRequest) -> Iterator[Job]:
+        while True:
+            response: spb.ListJobsResponse = self._unary("ListJobs", request)
+            for job in response.jobs:
+                yield _convert.job_from_proto(job)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    def cancel(self, job_id: str, reason: str = "") -> Job:
+        """Ask for a job to stop; returns it with `cancel_requested` set.
+
+        Cancelling a cancelled job succeeds.
+
+        Raises:
+            NotFoundError: No such job.
+            FailedPreconditionError: The job already succeeded or failed.
+        """
+        request = spb.CancelJobRequest(job_id=job_id, reason=reason)
+        response: spb.CancelJobResponse = self._unary("CancelJob", request)
+        return _convert.job_from_proto(response.job)
+
+    def delete(self, job_id: str) -> None:
+        """Remove a finished job's record and model.
+
+        Raises:
+            NotFoundError: No such job (including a job this call deleted on an attempt whose
+                reply was lost).
+            FailedPreconditionError: The job has not finished; cancel it first.
+        """
+        self._unary("DeleteJob", spb.DeleteJobRequest(job_id=job_id))
+
+    def watch(self, job_id: str = "") -> Iterator[JobEvent]:
+        """The current jobs (or one job), then every change, until the iterator is closed.
+
+        Closing the iterator (or leaving a ``for`` loop over it) cancels the stream.
+
+        Args:
+            job_id: Only this job; empty means every job.
+        """
+        for response in self._stream("WatchJobs", spb.WatchJobsRequest(job_id=job_id)):
+            yield JobEvent(_convert.job_from_proto(response.job), response.deleted)
+
+    def explain(self, job_id: str) -> Explanation:
+        """Why a job has what it has: its last decision, that round, its model and batch.
+
+        Raises:
+            NotFoundError: No such job.
+        """
+        response: spb.ExplainResponse = self._unary("Explain", spb.ExplainRequest(job_id=job_id))
+        return _convert.explanation_from_proto(response)
+
+    def cluster_status(self) -> ClusterStatus:
+        """Nodes, GPUs, allocations, agents and the current leader."""
+        response: spb.ClusterStatusResponse = self._unary(
+            "ClusterStatus", spb.ClusterStatusRequest()
+        )
+        return _convert.cluster_from_proto(response)
+
+    # ---- launcher RPCs -----------------------------------------------------------------------
+
+    def logs(
+        self, job_id: str, rank: int = 0, *, follow: bool = False, tail_lines: int = 0
+    ) -> Iterator[str]:
+        """Log lines of one replica, from the launcher of the node that runs (or ran) it.
+
+        The node comes from the job's allocation; for a job that holds no GPUs now (finished,
+        pending again, rescaling) every node's launcher is asked which ran that rank last.
+
+        Args:
+            job_id: The job.
+            rank: Global rank of the replica.
+            follow: Keep streaming new lines until the replica exits.
+            tail_lines: Retained lines to send first; 0 means all retained.
+
+        Raises:
+            NotFoundError: No such job, or no launcher has a replica of that rank.
+            UnavailableError: The node is not registered or its launcher does not answer.
+        """
+        if rank < 0 or tail_lines < 0:
+            raise InvalidArgumentError(
+                "rank and tail_lines must be >= 0",
+                None,
+                violations=[("rank" if rank < 0 else "tail_lines", "must be >= 0")],
+            )
+        address = self._launcher_address(job_id, rank)
+        channel = self._open(address)
+        try:
+            stub = _launcher_stub(channel)
+            request = lpb.StreamLogsRequest(
+                job_id=job_id, rank=rank, follow=follow, tail_lines=tail_lines
+            )
+            call = stub.StreamLogs(request)
+            try:
+                for response in call:
+                    yield from response.lines
+            except grpc.RpcError as error:
+                raise from_rpc_error(error) from error
+            finally:
+                call.cancel()
+        finally:
+            channel.close()
+
+    def _launcher_address(self, job_id: str, rank: int) -> str:
+        job = self.get_job(job_id)
+        cluster = self.cluster_status()
+        addresses = {node.name: node.address for node in cluster.nodes}
+        if job.allocation is not None and rank < job.allocation.gpus:
+            name = job.allocation.nodes[rank]
+            if name not in addresses:
+                raise UnavailableError(
+                    f"node {name} of rank {rank} of job {job_id} is not registered"
+                )
+            return addresses[name]
+        best: tuple[int, str] | None = None
+        for node in cluster.nodes:
+            for generation in self._replica_generations(node.address, job_id, rank):
+                if best is None or generation > best[0]:
+                    best = (generation, node.address)
+        if best is None:
+            held = job.allocation.gpus if job.allocation else 0
+            raise NotFoundError(
+                f"no replica of rank {rank} of job {job_id} on any node "
+                f"(the job holds {held} GPU{'s' if held != 1 else ''} now)"
+            )
+        return best[1]
+
+    def _replica_generations(self, address: str, job_id: str, rank: int) -> list[int]:
+        """Generations of replicas `rank` of `job_id` on one launcher; [] if it cannot answer."""
+        channel = self._open(address)
+        try:
+            stub = _launcher_stub(channel)
+            response: lpb.ListReplicasResponse = stub.ListReplicas(
+                lpb.ListReplicasRequest(job_id=job_id), timeout=self.timeout_s
+            )
+        except grpc.RpcError:
+            return []  # a dead node cannot serve the log either; the others may
+        finally:
+            channel.close()
+        return [r.generation for r in response.replicas if r.job_id == job_id and r.rank == rank]
+
+    # ---- transport ---------------------------------------------------------------------------
+
+    def _open(self, target: str) -> grpc.Channel:
+        options: list[tuple[str, Any]] = [("grpc.enable_retries", int(self.retry_attempts > 1))]
+        if self.retry_attempts > 1:
+            options.append(("grpc.service_config", service_config(self.retry_attempts)))
+        if self._credentials is not None:
+            return grpc.secure_channel(target, self._credentials, options=options)
+        return grpc.insecure_channel(target, options=options)
+
+    def _stub(self, target: str) -> Any:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = self._open(target)
+        return _scheduler_stub(channel)
+
+    def _order(self) -> list[str]:
+        """Targets to try: the one that answered last, then the others in the given order."""
+        return [self._current, *(t for t in self.targets if t != self._current)]
+
+    def _unary(self, method: str, request: Any) -> Any:
+        return self._failover(
+            method, lambda stub: getattr(stub, method)(request, timeout=self.timeout_s)
+        )
+
+    def _failover(self, method: str, call: Callable[[Any], R]) -> R:
+        """Run `call` against each target in turn while the answer is UNAVAILABLE."""
+        attempts = _Attempts(self._order())
+        for target in attempts:
+            try:
+                result = call(self._stub(target))
+            except grpc.RpcError as error:
+                failure = from_rpc_error(error)
+                if not isinstance(failure, UnavailableError) or method not in IDEMPOTENT_RPCS:
+                    raise failure from error
+                attempts.failed(failure)
+                continue
+            self._current = target
+            return result
+        raise attempts.exhausted()
+
+    def _stream(self, method: str, request: Any) -> Iterator[Any]:
+        """A server stream that fails over like `_failover` until its first message."""
+        attempts = _Attempts(self._order())
+        for target in attempts:
+            call = getattr(self._stub(target), method)(request)
+            received = False
+            try:
+                for response in call:
+                    received = True
+                    self._current = target
+                    yield response
+                return
+            except grpc.RpcError as error:
+                failure = from_rpc_error(error)
+                retry = not received and method in IDEMPOTENT_RPCS
+                if not (retry and isinstance(failure, UnavailableError)):
+                    raise failure from error
+                attempts.failed(failure)
+            finally:
+                call.cancel()
+        raise attempts.exhausted()
+
+
+class _Attempts:
+    """The targets one call tries, each at most once; a leader hint jumps the queue."""
+
+    def __init__(self, targets: Sequence[str]) -> None:
+        self.pending = list(targets)
+        self.tried: list[str] = []
+        self.failures: list[UnavailableError] = []
+
+    def __iter__(self) -> Iterator[str]:
+        while self.pending:
+            target = self.pending.pop(0)
+            if target not in self.tried:
+                self.tried.append(target)
+                yield target
+
+    def failed(self, failure: UnavailableError) -> None:
+        """Record an UNAVAILABLE answer; try the leader it names next, if not tried yet."""
+        self.failures.append(failure)
+        if failure.leader_address and failure.leader_address not in self.tried:
+            self.pending.insert(0, failure.leader_address)
+
+    def exhausted(self) -> UnavailableError:
+        """One error for a call no target could serve: the last reason, every target tried."""
+        last = self.failures[-1] if self.failures else None
+        reason = last.message if last is not None else "no target to try"
+        error = UnavailableError(
+            f"no Pollux scheduler could serve the request ({', '.join(self.tried)}): {reason}",
+            details=last.details if last is not None else (),
+        )
+        # Keep the newest leader hint even if the hinted leader was the one that failed last.
+        hints = [f.leader_address for f in self.failures if f.leader_address]
+        error.leader_address = hints[-1] if hints else None
+        return error
+
+
+def _scheduler_stub(channel: grpc.Channel) -> Any:
+    # The generated stubs are untyped; the methods' request and reply types are the pb2 ones.
+    return scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+
+
+def _launcher_stub(channel: grpc.Channel) -> Any:
+    return launcher_service_pb2_grpc.LauncherServiceStub(channel)
+
+
+def _state_numbers(states: Sequence[str]) -> list[int]:
+    numbers: list[int] = []
+    bad: list[tuple[str, str]] = []
+    for name in states:
+        try:
+            numbers.append(_convert.state_number(name))
+        except KeyError:
+            bad.append(("states", f"unknown job state {name!r}"))
+    if bad:
+        raise InvalidArgumentError(
+            f"unknown job state; use one of {', '.join(JOB_STATES)}", None, violations=bad
+        )
+    return numbers

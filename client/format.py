@@ -1,0 +1,333 @@
+"""Rendering of client values for people (aligned tables) and programs (JSON, YAML).
+
+Pure functions from `pollux.client.types` values to text; the current time comes in as an
+argument so that output is reproducible in tests. JSON and YAML are the dataclasses as nested
+dicts of their fields (tuples as lists, datetimes as ISO-8601 strings), so scripts see exactly
+the public API's names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+
+from pollux.client.types import (
+    JOB_STATES,
+    Allocation,
+    ClusterStatus,
+    Explanation,
+    Job,
+    JobSpec,
+    NodeStatus,
+)
+
+OUTPUT_FORMATS = ("table", "json", "yaml")
+NONE = "-"
+
+
+# ---- machine-readable ------------------------------------------------------------------------
+
+
+def to_data(value: Any) -> Any:
+    """`value` as JSON-compatible data: dataclasses become dicts of their fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): to_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        # NamedTuples (e.g. a watch event) read better as objects.
+        if hasattr(value, "_fields"):
+            return {k: to_data(v) for k, v in zip(value._fields, value, strict=True)}
+        return [to_data(v) for v in value]
+    return value
+
+
+def render_json(value: Any) -> str:
+    """Indented JSON of `value`."""
+    return json.dumps(to_data(value), indent=2, ensure_ascii=False)
+
+
+def render_yaml(value: Any) -> str:
+    """Block-style YAML of `value`, keys in field order."""
+    text: str = yaml.safe_dump(
+        to_data(value), sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
+    return text.rstrip("\n")
+
+
+def render_data(value: Any, output: str) -> str:
+    """`value` as JSON or YAML, as `output` ("json" or "yaml") asks."""
+    if output == "yaml":
+        return render_yaml(value)
+    return render_json(value)
+
+
+# ---- building blocks -------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Plain-text table with columns padded to their widest cell (no trailing spaces)."""
+    cells = [list(map(str, headers)), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def fields(pairs: Iterable[tuple[str, object]]) -> str:
+    """Aligned ``Label:  value`` lines."""
+    items = [(f"{k}:", str(v)) for k, v in pairs]
+    width = max((len(k) for k, _ in items), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}".rstrip() for k, v in items)
+
+
+def timestamp(value: datetime | None) -> str:
+    """A time as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), or "-"."""
+    if value is None:
+        return NONE
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """Short elapsed time like ``45s``, ``12m``, ``3h``, ``2d``; "-" when unknown."""
+    if since is None:
+        return NONE
+    seconds = max(int((now - since).total_seconds()), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def counted(names: Iterable[str]) -> str:
+    """``n1×2, n2`` for a list with repeats, in order of first appearance; "-" when empty."""
+    counts = Counter(names)
+    return ", ".join(f"{n}×{c}" if c > 1 else n for n, c in counts.items()) or NONE
+
+
+def allocation_text(allocation: Allocation | None) -> str:
+    """``4 GPUs on n1×2, n2×2 (generation 3, round 12, since <time>)``."""
+    if allocation is None:
+        return "no GPUs"
+    gpus = allocation.gpus
+    return (
+        f"{gpus} GPU{'s' if gpus != 1 else ''} on {counted(allocation.nodes)} "
+        f"(generation {allocation.generation}, round {allocation.round}, "
+        f"since {timestamp(allocation.time)})"
+    )
+
+
+def _default(value: int, meaning: str) -> str:
+    return str(value) if value else f"default ({meaning})"
+
+
+def _pairs(mapping: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(mapping.items())) or NONE
+
+
+def batch_limits(spec: JobSpec) -> str:
+    """The spec's batch limits with the server's defaults spelled out."""
+    top = spec.max_batch_size or spec.initial_batch_size
+    low = spec.min_local_batch_size or 1
+    high = spec.max_local_batch_size or top
+    return f"initial {spec.initial_batch_size}, max {top}, per-GPU {low}..{high}"
+
+
+# ---- jobs ------------------------------------------------------------------------------------
+
+JOB_HEADERS = ("ID", "NAME", "STATE", "GPUS", "NODES", "RESTARTS", "FAILURES", "AGE")
+
+
+def job_row(job: Job, now: datetime) -> list[object]:
+    """One row of `jobs_table`."""
+    nodes = job.allocation.node_count if job.allocation else 0
+    state = f"{job.state}*" if job.cancel_requested and not job.is_terminal else job.state
+    return [
+        job.id,
+        job.spec.name,
+        state,
+        job.gpus,
+        nodes,
+        job.restarts,
+        job.failures,
+        age(job.create_time, now),
+    ]
+
+
+def jobs_table(jobs: Iterable[Job], now: datetime) -> str:
+    """The `ls` table; a ``*`` after the state marks a pending cancellation."""
+    return table(JOB_HEADERS, (job_row(j, now) for j in jobs))
+
+
+def job_details(job: Job, now: datetime) -> str:
+    """The `describe` view: identity, status, spec, allocation and history with reasons."""
+    spec = job.spec
+    head = [
+        ("Job", job.id),
+        ("Name", spec.name),
+        ("State", job.state + (" (cancel requested)" if job.cancel_requested else "")),
+        ("Created", f"{timestamp(job.create_time)} ({age(job.create_time, now)} ago)"),
+        ("Finished", timestamp(job.finish_time)),
+        ("Request id", job.request_id or NONE),
+        ("Restarts", job.restarts),
+        ("Failures", f"{job.failures} (tolerates {spec.max_failures or 3})"),
+        ("Allocation", allocation_text(job.allocation)),
+        ("GPU time", f"{job.attained_gpu_seconds / 3600:.2f} GPU-hours"),
+        ("Command", shlex.join(spec.command) or NONE),
+        ("Working dir", spec.working_dir or NONE),
+        ("Batch", batch_limits(spec)),
+        ("Scaling rule", spec.scaling_rule),
+        ("Max replicas", spec.max_replicas or "no limit"),
+        ("Stop grace", _default(spec.stop_grace_s, "30 s")),
+        ("Env", _pairs(spec.env)),
+        ("Labels", _pairs(spec.labels)),
+    ]
+    history = table(
+        ("TIME", "STATE", "REASON"),
+        ((timestamp(t.time), t.state, t.reason or NONE) for t in job.history),
+    )
+    indented = "\n".join(f"  {line}" for line in history.splitlines())
+    return f"{fields(head)}\nHistory:\n{indented}"
+
+
+def submitted_text(job: Job) -> str:
+    """What `submit` prints: the id first, so ``$(pollux-cli submit ... | cut -f1)`` works."""
+    return f"{job.id}\t{job.spec.name}\t{job.state}"
+
+
+# ---- explain ---------------------------------------------------------------------------------
+
+
+def explanation_text(explanation: Explanation) -> str:
+    """The `explain` view: decision, round, batch configuration and model."""
+    job = explanation.job
+    pairs: list[tuple[str, object]] = [
+        ("Job", f"{job.id} ({job.spec.name}) {job.state}"),
+        ("Holds", allocation_text(job.allocation)),
+    ]
+    decision, info = explanation.decision, explanation.round
+    if decision is None:
+        pairs.append(("Decision", "none yet: the job has not been in a scheduling round"))
+    else:
+        chosen = len(decision.nodes)
+        change = "changed this round" if decision.changed else "unchanged"
+        pairs += [
+            ("Chosen", f"{chosen} GPU{'s' if chosen != 1 else ''} on {counted(decision.nodes)}"),
+            ("Change", change),
+            ("Speedup", f"{decision.speedup:.3f}"),
+            ("Restart penalty", f"{decision.restart_penalty:.3f}"),
+            ("Reason", decision.reason or NONE),
+        ]
+    if info is not None:
+        pairs.append(
+            (
+                "Round",
+                f"{info.round} at {timestamp(info.time)} by {info.scheduler_id or NONE} "
+                f"(policy {info.policy or NONE}, objective {info.objective:.4g}, "
+                f"etcd revision {info.snapshot_revision})",
+            )
+        )
+    batch = explanation.batch
+    if batch is None:
+        pairs.append(("Batch", "not modelled yet"))
+    else:
+        pairs.append(
+            (
+                "Batch",
+                f"{batch.local_batch_size} per GPU × {batch.accum_steps} step"
+                f"{'s' if batch.accum_steps != 1 else ''} = total {batch.total_batch_size} "
+                f"(predicted speedup {batch.predicted_speedup:.3f})",
+            )
+        )
+    pairs += _model_pairs(explanation)
+    return fields(pairs)
+
+
+def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:
+    model = explanation.model
+    if model is None:
+        return [("Model", "none published yet")]
+    pairs: list[tuple[str, object]] = [
+        (
+            "Model",
+            f"by {model.agent_id or NONE} from {model.observations} observations, "
+            f"profiled up to {model.max_profiled_replicas} replicas, "
+            f"updated {timestamp(model.update_time)}",
+        ),
+        ("Gradient", f"sqr {model.grad_sqr:.4g}, var {model.grad_var:.4g}"),
+        (
+            "Batch limits",
+            f"initial {model.initial_batch_size}, max {model.max_batch_size}, "
+            f"per-GPU {model.min_local_batch_size}..{model.max_local_batch_size}",
+        ),
+    ]
+    t = model.throughput
+    if t is None:
+        pairs.append(("Throughput", "not fitted yet"))
+    else:
+        pairs.append(
+            (
+                "Throughput",
+                f"alpha_c {t.alpha_c:.4g}s beta_c {t.beta_c:.4g}s "
+                f"alpha_n {t.alpha_n:.4g}s beta_n {t.beta_n:.4g}s "
+                f"alpha_r {t.alpha_r:.4g}s beta_r {t.beta_r:.4g}s "
+                f"gamma {t.gamma:.4g} ({t.sync_model} sync)",
+            )
+        )
+    return pairs
+
+
+# ---- cluster ---------------------------------------------------------------------------------
+
+NODE_HEADERS = ("NODE", "GPUS", "FREE", "TYPE", "ADDRESS", "JOBS")
+
+
+def node_row(node: NodeStatus) -> list[object]:
+    """One row of `nodes_table`."""
+    return [
+        node.name,
+        f"{node.allocated_gpus}/{node.gpus}",
+        node.free_gpus,
+        node.gpu_type or NONE,
+        node.address or NONE,
+        counted(node.jobs),
+    ]
+
+
+def nodes_table(cluster: ClusterStatus) -> str:
+    """The `nodes` table: GPUs used/total and the jobs on each node."""
+    return table(NODE_HEADERS, (node_row(n) for n in cluster.nodes))
+
+
+def _state_key(name: str) -> tuple[int, str]:
+    short = name.removeprefix("JOB_STATE_")
+    return (JOB_STATES.index(short) if short in JOB_STATES else len(JOB_STATES), short)
+
+
+def cluster_summary(cluster: ClusterStatus) -> str:
+    """Two lines: leader, round and GPU use; then jobs per state."""
+    leader = f"{cluster.leader_id} ({cluster.leader_address})" if cluster.leader_id else "none (!)"
+    first = (
+        f"leader {leader}  round {cluster.last_round}  "
+        f"GPUs {cluster.allocated_gpus}/{cluster.total_gpus} used  "
+        f"nodes {len(cluster.nodes)}  agents {len(cluster.agents)}"
+    )
+    states = sorted(cluster.jobs_by_state.items(), key=lambda kv: _state_key(kv[0]))
+    second = "jobs " + (
+        "  ".join(f"{name.removeprefix('JOB_STATE_')} {n}" for name, n in states if n) or "none"
+    )
+    return f"{first}\n{second}"
+
+
+def top_text(cluster: ClusterStatus, jobs: Sequence[Job], now: datetime) -> str:
+    """The `top` screen: summary, nodes, then the jobs that have not finished."""
+    active = [j for j in jobs if not j.is_terminal]
+    return f"{cluster_summary(cluster)}\n\n{nodes_table(cluster)}\n\n{jobs_table(active, now)}"

@@ -1,0 +1,465 @@
+"""Public types of the Pollux client: frozen dataclasses over the private ``pollux.v1`` protos.
+
+Callers build a `JobSpec` and get back `Job`, `Explanation` and `ClusterStatus` values; they
+never see protobuf messages (Temporal's layering, style.md R14). Enumerations are plain strings
+("PENDING", "adascale") so that values print, compare and serialise without ceremony. Times are
+timezone-aware UTC `datetime` objects, or None where the server did not set them.
+
+Job files (YAML, JSON or TOML) are flat mappings whose keys are the `JobSpec` field names;
+`JobSpec.from_mapping` checks every key and reports every problem at once, each naming its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import shlex
+import tomllib
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+from pollux.client.errors import JobSpecError
+
+ScalingRule = Literal["adascale", "linear", "sqrt", "none"]
+"""How the training library scales the learning rate with the batch size."""
+
+SCALING_RULES: tuple[str, ...] = get_args(ScalingRule)
+
+JOB_STATES: tuple[str, ...] = (
+    "PENDING",
+    "ALLOCATED",
+    "RUNNING",
+    "RESCALING",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+)
+"""Every job state, in lifecycle order (design.md §5)."""
+
+TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+"""States a job never leaves."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user submits; immutable once accepted.
+
+    Zero in a numeric field means "the server's default", as in the API: `max_batch_size` 0 is
+    `initial_batch_size` (a fixed-batch job), `max_failures` 0 is 3, `stop_grace_s` 0 is the
+    launcher's 30 s. The server validates the spec completely and names every bad field.
+    """
+
+    name: str
+    """1-63 characters of [a-z0-9-], starting with a letter. Not unique."""
+    command: tuple[str, ...]
+    """The replica's argv, run without a shell."""
+    initial_batch_size: int
+    """Total batch size M0 the learning rate was tuned for; >= 1."""
+    _: KW_ONLY
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Extra environment of every replica; POLLUX_* names are reserved."""
+    working_dir: str = ""
+    """Working directory of every replica; empty means the launcher's default."""
+    max_batch_size: int = 0
+    """Largest total batch the agent may choose; 0 means `initial_batch_size`."""
+    min_local_batch_size: int = 0
+    """Smallest per-GPU batch per step; 0 means 1."""
+    max_local_batch_size: int = 0
+    """Largest per-GPU batch per step (GPU memory bound); 0 means `max_batch_size`."""
+    scaling_rule: ScalingRule = "adascale"
+    """Learning-rate scaling rule the job's training loop uses."""
+    max_replicas: int = 0
+    """Most GPUs the job may hold; 0 means no limit beyond the cluster."""
+    max_failures: int = 0
+    """Failed replica exits tolerated before the job fails; 0 means 3."""
+    stop_grace_s: int = 0
+    """Seconds between SIGTERM and SIGKILL when replicas stop; 0 means 30."""
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Free-form labels, shown by the CLI and usable as list filters."""
+
+    def __post_init__(self) -> None:
+        # Accept any sequence and mapping, but store our own immutable-by-convention copies so
+        # that a caller mutating its list or dict cannot change a spec after the fact.
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "labels", dict(self.labels))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Build a spec from a job file's mapping, checking every key.
+
+        `command` may be a list of strings or one string (split like a POSIX shell would, but
+        still run without one). `env` values may be strings or numbers; booleans are refused
+        because YAML's ``true`` would silently become ``"True"``.
+
+        Raises:
+            JobSpecError: Listing every unknown, missing or ill-typed key, each by name.
+        """
+        return _spec_from_mapping(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JobSpec:
+        """Read a YAML (.yaml/.yml), JSON (.json) or TOML (.toml) job file.
+
+        Raises:
+            JobSpecError: The file cannot be read or parsed, or its content is not a valid spec.
+        """
+        return cls.from_mapping(read_job_file(path))
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One entry of a job's history: the state it entered, when, and why."""
+
+    state: str
+    time: datetime | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The GPUs a job holds: replica ``i`` runs on ``nodes[i]``, one GPU each."""
+
+    nodes: tuple[str, ...]
+    """Node of each replica, by rank."""
+    generation: int
+    """Increases on every change of `nodes`; replicas and checkpoints carry it."""
+    time: datetime | None
+    """When the scheduler committed it."""
+    round: int
+    """Scheduling round that chose it."""
+
+    @property
+    def gpus(self) -> int:
+        """Number of GPUs (= replicas)."""
+        return len(self.nodes)
+
+    @property
+    def node_count(self) -> int:
+        """Number of distinct nodes."""
+        return len(set(self.nodes))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted job and its current status."""
+
+    id: str
+    spec: JobSpec
+    request_id: str
+    """Idempotency key the job was submitted with."""
+    state: str
+    """One of `JOB_STATES` (or ``"UNSPECIFIED"``/``"STATE_<n>"`` from a newer server)."""
+    history: tuple[Transition, ...]
+    """Every transition, oldest first."""
+    create_time: datetime | None
+    finish_time: datetime | None
+    """Set when the job entered a terminal state."""
+    cancel_requested: bool
+    restarts: int
+    """Planned restarts (re-allocations) so far."""
+    failures: int
+    """Failed replica exits so far."""
+    allocation: Allocation | None
+    """Current GPUs, or None when the job holds none."""
+    attained_gpu_seconds: float = 0.0
+    """GPU-seconds held up to `allocation.time` (what Tiresias prioritises by)."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job holds now."""
+        return self.allocation.gpus if self.allocation else 0
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job has finished (succeeded, failed or been cancelled)."""
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class JobDecision:
+    """A job's part of one scheduling round."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    """Node of each replica chosen in the round (empty: no GPUs)."""
+    speedup: float
+    """Predicted speedup of the chosen allocation (1 = the normalising allocation)."""
+    restart_penalty: float
+    """Restart penalty factor applied (1 = none)."""
+    reason: str
+    changed: bool
+    """Whether the round changed the job's allocation."""
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """Which scheduling round a decision came from."""
+
+    round: int
+    time: datetime | None
+    policy: str
+    objective: float
+    snapshot_revision: int
+    """etcd revision of the snapshot the round used."""
+    scheduler_id: str
+    """Scheduler replica that ran it."""
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Batch configuration a job trains with on an allocation."""
+
+    local_batch_size: int
+    """Per-GPU batch per micro-step."""
+    accum_steps: int
+    """Micro-steps per optimizer step."""
+    total_batch_size: int
+    predicted_speedup: float
+    """Predicted goodput relative to one GPU at the initial batch (0 until modelled)."""
+
+
+@dataclass(frozen=True)
+class ThroughputParams:
+    """The seven fitted throughput-model parameters (seconds; `gamma` dimensionless)."""
+
+    alpha_c: float
+    beta_c: float
+    alpha_n: float
+    beta_n: float
+    alpha_r: float
+    beta_r: float
+    gamma: float
+    sync_model: str
+    """``"ring"`` or ``"linear"``."""
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """A job's fitted goodput model as its agent last published it."""
+
+    agent_id: str
+    observations: int
+    """Number of observations the fit used."""
+    max_profiled_replicas: int
+    throughput: ThroughputParams | None
+    """None until the first fit."""
+    grad_sqr: float
+    """Smoothed squared gradient norm."""
+    grad_var: float
+    """Smoothed trace of the per-sample gradient covariance."""
+    initial_batch_size: int
+    max_batch_size: int
+    min_local_batch_size: int
+    max_local_batch_size: int
+    update_time: datetime | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a job has what it has: its last decision, that round, its model and batch."""
+
+    job: Job
+    decision: JobDecision | None
+    """None before the job's first round."""
+    round: RoundInfo | None
+    model: ModelSummary | None
+    """None until the job's agent publishes a model."""
+    batch: BatchConfig | None
+    """What the agent would give the current allocation; None if unmodelled."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A registered GPU node and the jobs placed on it."""
+
+    name: str
+    address: str
+    """host:port of the node's launcher."""
+    gpus: int
+    gpu_type: str
+    labels: Mapping[str, str] = field(hash=False)
+    register_time: datetime | None
+    allocated_gpus: int
+    jobs: tuple[str, ...]
+    """Job id per allocated GPU."""
+
+    @property
+    def free_gpus(self) -> int:
+        """GPUs not allocated to any job."""
+        return max(self.gpus - self.allocated_gpus, 0)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live service process: a scheduler replica or an agent."""
+
+    id: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """The cluster as one scheduler replica sees it."""
+
+    nodes: tuple[NodeStatus, ...]
+    agents: tuple[Member, ...]
+    leader_id: str
+    """Empty when no replica leads."""
+    leader_address: str
+    total_gpus: int
+    allocated_gpus: int
+    jobs_by_state: Mapping[str, int] = field(hash=False)
+    last_round: int
+    answered_by: str
+    """Scheduler replica that answered."""
+
+    @property
+    def free_gpus(self) -> int:
+        """GPUs not allocated to any job."""
+        return max(self.total_gpus - self.allocated_gpus, 0)
+
+
+# ---- job files -------------------------------------------------------------------------------
+
+_INT_KEYS = (
+    "initial_batch_size",
+    "max_batch_size",
+    "min_local_batch_size",
+    "max_local_batch_size",
+    "max_replicas",
+    "max_failures",
+    "stop_grace_s",
+)
+_REQUIRED = ("name", "command", "initial_batch_size")
+SPEC_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobSpec))
+"""Keys a job file may contain (the `JobSpec` field names)."""
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """Parse a job file into a mapping, choosing the format by suffix (YAML by default).
+
+    Raises:
+        JobSpecError: The file is unreadable, malformed, or not a mapping at the top.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as error:
+        raise JobSpecError(f"cannot read job file {p}: {error.strerror or error}") from error
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".json":
+            data: Any = json.loads(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        raise JobSpecError(f"cannot parse job file {p}: {error}") from error
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise JobSpecError(
+            f"job file {p} must hold a mapping of spec keys (got {type(data).__name__})"
+        )
+    return data
+
+
+def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
+    if not isinstance(data, Mapping):
+        raise JobSpecError("a job spec must be a mapping", [("", f"got {_kind(data)}")])
+    problems: list[tuple[str, str]] = []
+    for key in data:
+        if not isinstance(key, str) or key not in SPEC_KEYS:
+            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((str(key), f"unknown key{hint}; known keys: {', '.join(SPEC_KEYS)}"))
+    problems.extend((key, "required key is missing") for key in _REQUIRED if data.get(key) is None)
+    values: dict[str, Any] = {}
+    for key in ("name", "working_dir"):
+        if (text := data.get(key)) is not None:
+            values[key] = _string(key, text, problems)
+    if (command := data.get("command")) is not None:
+        values["command"] = _command(command, problems)
+    for key in _INT_KEYS:
+        if (value := data.get(key)) is not None:
+            values[key] = _count(key, value, problems)
+    if (rule := data.get("scaling_rule")) is not None:
+        values["scaling_rule"] = _scaling_rule(rule, problems)
+    for key in ("env", "labels"):
+        if (mapping := data.get(key)) is not None:
+            values[key] = _string_map(key, mapping, problems)
+    if problems:
+        keys = ", ".join(dict.fromkeys(k for k, _ in problems))
+        raise JobSpecError(f"invalid job spec ({keys})", problems)
+    return JobSpec(**values)
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _string(key: str, value: Any, problems: list[tuple[str, str]]) -> str:
+    if isinstance(value, str):
+        return value
+    problems.append((key, f"expected a string, got {_kind(value)}"))
+    return ""
+
+
+def _scaling_rule(value: Any, problems: list[tuple[str, str]]) -> str:
+    if isinstance(value, str) and value.lower() in SCALING_RULES:
+        return value.lower()
+    problems.append(("scaling_rule", f"{value!r} is not one of {', '.join(SCALING_RULES)}"))
+    return "adascale"
+
+
+def _command(value: Any, problems: list[tuple[str, str]]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            parts = shlex.split(value)
+        except ValueError as error:
+            problems.append(("command", f"cannot split {value!r}: {error}"))
+            return ()
+    elif isinstance(value, list | tuple) and all(isinstance(a, str) for a in value):
+        parts = list(value)
+    else:
+        problems.append(("command", "expected a list of strings (argv) or one command string"))
+        return ()
+    if not parts:
+        problems.append(("command", "must name at least the program to run"))
+    return tuple(parts)
+
+
+def _count(key: str, value: Any, problems: list[tuple[str, str]]) -> int:
+    # bool is an int subclass; `max_replicas: yes` is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append((key, f"expected a whole number, got {_kind(value)} {value!r}"))
+        return 0
+    if value < 0:
+        problems.append((key, f"must be >= 0, got {value}"))
+        return 0
+    return value
+
+
+def _string_map(key: str, value: Any, problems: list[tuple[str, str]]) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        problems.append((key, f"expected a mapping of names to strings, got {_kind(value)}"))
+        return {}
+    out: dict[str, str] = {}
+    for name, item in value.items():
+        if not isinstance(name, str):
+            problems.append((f"{key}.{name}", "names must be strings"))
+        elif isinstance(item, bool) or not isinstance(item, str | int | float):
+            problems.append(
+                (f"{key}.{name}", f"expected a string, got {_kind(item)} (quote the value)")
+            )
+        else:
+            out[name] = str(item)
+    return out

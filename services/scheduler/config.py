@@ -1,0 +1,73 @@
+"""Scheduler configuration (TOML + POLLUX_SCHEDULER_* environment overrides)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from pollux.service.config import EtcdConfig, ServerConfig
+
+POLICIES = ("pollux", "optimus", "tiresias")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    """How and when rounds run."""
+
+    policy: str = "pollux"
+    """pollux, optimus (with model-predicted step times) or tiresias."""
+    interval_s: float = 60.0
+    """Seconds between periodic rounds (the paper's 60 s)."""
+    debounce_s: float = 1.0
+    """Events (submit, completion, node change) trigger a round after this quiet period."""
+    restart_delay_s: float = 30.0
+    """Expected cost of a re-allocation, for Pollux's restart penalty."""
+    seed: int = 0
+    """Seed of the policy's random generator (rounds are replayable)."""
+    decision_history: int = 1000
+    """Decision records kept in etcd."""
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        out = []
+        if self.policy not in POLICIES:
+            out.append(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.interval_s <= 0:
+            out.append("interval_s: must be > 0")
+        if self.debounce_s < 0:
+            out.append("debounce_s: must be >= 0")
+        if self.restart_delay_s < 0:
+            out.append("restart_delay_s: must be >= 0")
+        if self.decision_history < 1:
+            out.append("decision_history: must be >= 1")
+        return out
+
+
+def _default_id() -> str:
+    return f"scheduler-{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Everything a scheduler replica needs."""
+
+    id: str = field(default_factory=_default_id)
+    """Unique replica id (shown as the leader id)."""
+    lease_ttl_s: int = 5
+    """Leadership lease TTL: a dead leader is replaced within about this long."""
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    """Cluster state store."""
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(listen="127.0.0.1:7070"))
+    """gRPC endpoint and logging."""
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    """Round timing and policy."""
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        out = []
+        if not self.id:
+            out.append("id: must not be empty")
+        if not 2 <= self.lease_ttl_s <= 300:
+            out.append("lease_ttl_s: must be between 2 and 300 seconds")
+        return out

@@ -1,0 +1,364 @@
+"""One scheduling round as a pure plan over a snapshot (design.md §1 item 4, style.md R3).
+
+`plan_round` takes the cluster `Snapshot` read at one etcd revision and returns every write
+the round makes; the scheduler commits them in fenced transactions. The phases:
+
+1. reconcile replica reports with job states (running, succeeded, failed, planned stops,
+   cancellations, vanished nodes);
+2. build the policy's `ClusterState` from the active jobs and their published models;
+3. run the policy (Pollux, Optimus or Tiresias: pure, seeded);
+4. diff against current allocations: new allocations get the next generation, and job states
+   follow (ALLOCATED, RESCALING, PENDING);
+5. (scheduler) commit; 6. (scheduler) record the decision.
+
+Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
+replayed from its snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pollux.goodput import (
+    UNKNOWN_GRAD,
+    GoodputModel,
+    GradParams,
+    PerfParams,
+    SyncModel,
+    iteration_time,
+)
+from pollux.goodput import errors as goodput_errors
+from pollux.policy.types import (
+    AllocationDecision,
+    ClusterState,
+    JobInfo,
+    NodeInfo,
+    OracleInfo,
+    Policy,
+)
+from pollux.scheduler.lifecycle import ACTIVE, S, state_name, transition
+from pollux.service.store import Snapshot
+from pollux.v1 import types_pb2 as pb
+
+PLANNED_STOP = 143
+"""Exit code of a replica that checkpointed after SIGTERM (design.md §4)."""
+
+
+@dataclass
+class RoundPlan:
+    """Every write of one round.
+
+    Attributes:
+        jobs: Changed job records with the mod revision they were read at.
+        allocations: New allocation per job id (put), or None (delete).
+        decision: The decision record.
+        memory: The policy's memory for the next round.
+    """
+
+    jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
+    allocations: dict[str, pb.Allocation | None] = field(default_factory=dict)
+    decision: pb.Decision = field(default_factory=pb.Decision)
+    memory: object | None = None
+
+
+def plan_round(
+    snapshot: Snapshot,
+    policy: Policy,
+    memory: object | None,
+    rng: np.random.Generator,
+    *,
+    now: float,
+    round_number: int,
+    scheduler_id: str,
+) -> RoundPlan:
+    """Plan one round (see the module docstring)."""
+    plan = RoundPlan(memory=memory)
+    changed: dict[str, pb.Job] = {}
+    working: dict[str, pb.Job] = {}
+    for job_id, entry in snapshot.jobs.items():
+        if entry.value.state in ACTIVE:
+            job = pb.Job()
+            job.CopyFrom(entry.value)
+            working[job_id] = job
+    statuses = _statuses_by_job(snapshot.replicas)
+
+    # Phase 1: replica reports, cancellations and vanished nodes.
+    for job_id, job in working.items():
+        if _reconcile(job, statuses.get(job_id, {}), snapshot.nodes, now, round_number, plan):
+            changed[job_id] = job
+
+    # Phases 2-3: the policy over jobs still active.
+    active = sorted(
+        (j for j in working.values() if j.state in ACTIVE),
+        key=lambda j: (j.create_time.ToNanoseconds(), j.id),
+    )
+    nodes = tuple(
+        NodeInfo(name=n.name, gpus=int(n.gpus))
+        for n in sorted(snapshot.nodes.values(), key=lambda n: n.name)
+    )
+    total = sum(n.gpus for n in nodes)
+    state = ClusterState(
+        now=now,
+        nodes=nodes,
+        jobs=tuple(
+            _job_info(j, snapshot.models.get(j.id), total, now, policy.name) for j in active
+        ),
+    )
+    decision: AllocationDecision = policy.allocate(state, memory, rng)
+    plan.memory = decision.memory
+
+    # Phase 4: diff and transitions.
+    record = plan.decision
+    record.round = round_number
+    record.time.FromNanoseconds(int(now * 1e9))
+    record.policy = policy.name
+    record.objective = decision.objective if math.isfinite(decision.objective) else 0.0
+    record.snapshot_revision = snapshot.revision
+    record.scheduler_id = scheduler_id
+    for job in active:
+        new_nodes = tuple(decision.allocations.get(job.id, ()))
+        old_nodes = tuple(job.allocation.nodes)
+        explain = decision.explain.get(job.id)
+        moved = Counter(new_nodes) != Counter(old_nodes)
+        record.jobs.add(
+            job_id=job.id,
+            nodes=list(new_nodes),
+            speedup=explain.speedup if explain else 0.0,
+            restart_penalty=explain.penalty if explain else 1.0,
+            reason=explain.reason if explain else "",
+            changed=moved,
+        )
+        if not moved:
+            continue
+        reason = explain.reason if explain else "re-allocated"
+        _reallocate(job, new_nodes, now, round_number, reason, plan)
+        changed[job.id] = job
+
+    plan.jobs = [(job, snapshot.jobs[job_id].mod_revision) for job_id, job in changed.items()]
+    return plan
+
+
+def _statuses_by_job(
+    replicas: list[pb.ReplicaStatus],
+) -> dict[str, dict[int, pb.ReplicaStatus]]:
+    out: dict[str, dict[int, pb.ReplicaStatus]] = {}
+    for status in replicas:
+        out.setdefault(status.job_id, {})[status.rank] = status
+    return out
+
+
+def _reconcile(
+    job: pb.Job,
+    statuses: dict[int, pb.ReplicaStatus],
+    nodes: dict[str, pb.Node],
+    now: float,
+    round_number: int,
+    plan: RoundPlan,
+) -> bool:
+    """Apply what happened since the last round to one job; True if it changed."""
+    before = job.SerializeToString()
+    allocation = job.allocation
+    if job.cancel_requested:
+        _release(job, now, plan)
+        transition(job, S.JOB_STATE_CANCELLED, now, "cancelled by user")
+        return True
+    if not allocation.nodes:
+        return False
+    lost = sorted({n for n in allocation.nodes if n not in nodes})
+    if lost:
+        _release(job, now, plan)
+        job.restarts += 1
+        transition(job, S.JOB_STATE_PENDING, now, f"node {', '.join(lost)} left the cluster")
+        return True
+    current = [statuses.get(rank) for rank in range(len(allocation.nodes))]
+    mine = [s for s in current if s is not None and s.generation == allocation.generation]
+    exited = [s for s in mine if s.phase == "exited"]
+    failed = [s for s in exited if s.exit_code not in (0, PLANNED_STOP)]
+    if failed:
+        first = min(failed, key=lambda s: s.rank)
+        job.failures += 1
+        what = f"replica {first.rank} on {first.node} exited {first.exit_code}"
+        if job.failures > job.spec.max_failures:
+            _release(job, now, plan)
+            transition(job, S.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures")
+        else:
+            nodes_again = tuple(allocation.nodes)
+            _reallocate(
+                job,
+                nodes_again,
+                now,
+                round_number,
+                f"{what}; restart {job.failures}/{job.spec.max_failures}",
+                plan,
+            )
+        return True
+    if len(exited) == len(allocation.nodes) and all(s.exit_code == 0 for s in exited):
+        _release(job, now, plan)
+        transition(job, S.JOB_STATE_SUCCEEDED, now, "every replica exited 0")
+        return True
+    planned = [s for s in exited if s.exit_code == PLANNED_STOP]
+    if planned:
+        _reallocate(
+            job,
+            tuple(allocation.nodes),
+            now,
+            round_number,
+            f"replica {planned[0].rank} stopped (exit 143) without a re-allocation; restarting",
+            plan,
+        )
+        return True
+    running = [s for s in mine if s.phase in ("running", "exited")]
+    if len(running) == len(allocation.nodes) and job.state in (
+        S.JOB_STATE_ALLOCATED,
+        S.JOB_STATE_RESCALING,
+    ):
+        transition(job, S.JOB_STATE_RUNNING, now, f"{len(running)} replicas running")
+    return job.SerializeToString() != before
+
+
+def _held_seconds(job: pb.Job, now: float) -> float:
+    held = len(job.allocation.nodes) * max(0.0, now - job.allocation.time.ToNanoseconds() / 1e9)
+    return job.attained_gpu_seconds + (held if job.allocation.nodes else 0.0)
+
+
+def _release(job: pb.Job, now: float, plan: RoundPlan) -> None:
+    """Take every GPU from a job (its launchers stop the replicas)."""
+    if job.allocation.nodes:
+        job.attained_gpu_seconds = _held_seconds(job, now)
+        generation = job.allocation.generation
+        job.ClearField("allocation")
+        job.allocation.generation = generation
+        plan.allocations[job.id] = None
+
+
+def _reallocate(
+    job: pb.Job,
+    nodes: tuple[str, ...],
+    now: float,
+    round_number: int,
+    reason: str,
+    plan: RoundPlan,
+) -> None:
+    """Give a job `nodes` as a new generation, moving its state to match."""
+    had = bool(job.allocation.nodes)
+    job.attained_gpu_seconds = _held_seconds(job, now)
+    generation = job.allocation.generation + 1
+    job.ClearField("allocation")
+    if not nodes:
+        job.allocation.generation = generation - 1
+        plan.allocations[job.id] = None
+        job.restarts += 1
+        transition(job, S.JOB_STATE_PENDING, now, reason or "suspended")
+        return
+    job.allocation.nodes.extend(nodes)
+    job.allocation.generation = generation
+    job.allocation.time.FromNanoseconds(int(now * 1e9))
+    job.allocation.round = round_number
+    allocation = pb.Allocation()
+    allocation.CopyFrom(job.allocation)
+    plan.allocations[job.id] = allocation
+    gpus = f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''} on {', '.join(sorted(set(nodes)))}"
+    if had:
+        job.restarts += 1
+        transition(job, S.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
+    elif job.state == S.JOB_STATE_PENDING:
+        transition(job, S.JOB_STATE_ALLOCATED, now, f"{reason}: {gpus}")
+    else:
+        transition(job, S.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
+
+
+def goodput_model(job: pb.Job, model: pb.JobModel | None) -> GoodputModel | None:
+    """The policy's view of a job's published model, or None before a throughput fit."""
+    if model is None or not model.HasField("throughput"):
+        return None
+    t = model.throughput
+    limits = job.spec.batch
+    try:
+        grad = (
+            GradParams(sqr=model.grad_sqr, var=model.grad_var)
+            if model.grad_sqr > 0 or model.grad_var > 0
+            else UNKNOWN_GRAD
+        )
+        return GoodputModel(
+            perf=PerfParams(
+                t.alpha_c,
+                t.beta_c,
+                t.alpha_n,
+                t.beta_n,
+                t.alpha_r,
+                t.beta_r,
+                max(t.gamma, 1.0),
+                SyncModel.LINEAR if t.sync_model == pb.SYNC_MODEL_LINEAR else SyncModel.RING,
+            ),
+            grad=grad,
+            init_batch_size=int(limits.initial_batch_size),
+            max_batch_size=int(limits.max_batch_size or limits.initial_batch_size),
+            min_atomic_bsz=int(limits.min_local_batch_size or 1),
+            max_atomic_bsz=int(limits.max_local_batch_size) or None,
+            accumulation=True,
+        )
+    except goodput_errors.GoodputError:
+        return None  # an unusable model is treated as no model: linear-scaling assumption
+
+
+def _job_info(
+    job: pb.Job, model: pb.JobModel | None, total_gpus: int, now: float, policy: str
+) -> JobInfo:
+    spec = job.spec
+    cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
+    limits = spec.batch
+    by_batch = max(
+        1,
+        int(limits.max_batch_size or limits.initial_batch_size)
+        // max(1, int(limits.min_local_batch_size or 1)),
+    )
+    profiled = int(model.max_profiled_replicas) if model is not None else 0
+    explore = max(1, 2 * profiled, len(job.allocation.nodes))
+    max_replicas = max(1, min(cap, by_batch, explore))
+    gm = goodput_model(job, model)
+    oracle = None
+    if policy == "optimus":
+        oracle = _predicted_oracle(gm, max_replicas)
+    return JobInfo(
+        name=job.id,
+        submission_time=job.create_time.ToNanoseconds() / 1e9,
+        allocation=tuple(job.allocation.nodes),
+        restarts=int(job.restarts),
+        attained_service=_held_seconds(job, now),
+        max_replicas=max_replicas if policy == "pollux" else max(1, min(cap, by_batch)),
+        model=gm,
+        target_replicas=max(1, min(int(spec.max_replicas or 1), total_gpus or 1)),
+        target_batch_size=int(limits.initial_batch_size),
+        oracle=oracle,
+    )
+
+
+def _predicted_oracle(model: GoodputModel | None, top: int) -> OracleInfo:
+    """Optimus's inputs from the fitted model (no true oracle exists on a real cluster).
+
+    Step times at K replicas are predicted on a consolidated placement at the initial batch;
+    remaining work is unknown, so every job counts one unit and Optimus ranks jobs by their
+    marginal speedup alone. Before a fit, linear scaling is assumed.
+    """
+    ks = np.arange(1, top + 1)
+    if model is None:
+        times = 1.0 / ks
+    else:
+        m0 = model.init_batch_size
+        local = np.maximum(1, np.ceil(m0 / ks)).astype(np.int64)
+        nodes = np.ones_like(ks)
+        times = np.asarray(
+            iteration_time(model.perf, nodes, ks, local, np.zeros_like(ks)), dtype=np.float64
+        )
+    step = np.concatenate(([np.inf], times))
+    return OracleInfo(step_time=step, remaining_iterations=1.0)
+
+
+def describe_state(job: pb.Job) -> str:
+    """ "RUNNING on 4 GPUs" style summary for logs."""
+    gpus = len(job.allocation.nodes)
+    return f"{state_name(job.state)} on {gpus} GPU{'s' if gpus != 1 else ''}"

@@ -1,0 +1,85 @@
+"""The job lifecycle as an explicit transition table with history (design.md §5, style.md R10).
+
+Every state change goes through `transition`, which refuses edges not in the table and appends
+(state, time, reason) to the job's history, so `pollux-cli describe` can say why a job is where
+it is from stored data alone.
+"""
+
+from __future__ import annotations
+
+from pollux.v1 import types_pb2 as pb
+
+S = pb.JobState
+
+TRANSITIONS: dict[int, frozenset[int]] = {
+    S.JOB_STATE_PENDING: frozenset(
+        {
+            S.JOB_STATE_ALLOCATED,  # a round gave it GPUs
+            S.JOB_STATE_CANCELLED,  # user cancelled before it ran
+        }
+    ),
+    S.JOB_STATE_ALLOCATED: frozenset(
+        {
+            S.JOB_STATE_RUNNING,  # every replica of the allocation reported running
+            S.JOB_STATE_RESCALING,  # re-allocated (or a replica failed) before all started
+            S.JOB_STATE_PENDING,  # the policy took its GPUs back (or its node vanished)
+            S.JOB_STATE_SUCCEEDED,  # replicas finished before a running report was seen
+            S.JOB_STATE_FAILED,  # replicas failed more than max_failures times
+            S.JOB_STATE_CANCELLED,  # user cancelled
+        }
+    ),
+    S.JOB_STATE_RUNNING: frozenset(
+        {
+            S.JOB_STATE_RESCALING,  # new allocation, a replica failed, or a planned stop
+            S.JOB_STATE_PENDING,  # preempted: the policy took every GPU
+            S.JOB_STATE_SUCCEEDED,  # every replica exited 0
+            S.JOB_STATE_FAILED,  # too many replica failures
+            S.JOB_STATE_CANCELLED,  # user cancelled
+        }
+    ),
+    S.JOB_STATE_RESCALING: frozenset(
+        {
+            S.JOB_STATE_RUNNING,  # every replica of the new generation reported running
+            S.JOB_STATE_PENDING,  # preempted while rescaling
+            S.JOB_STATE_SUCCEEDED,  # finished during the restart
+            S.JOB_STATE_FAILED,  # too many replica failures
+            S.JOB_STATE_CANCELLED,  # user cancelled
+        }
+    ),
+    S.JOB_STATE_SUCCEEDED: frozenset(),
+    S.JOB_STATE_FAILED: frozenset(),
+    S.JOB_STATE_CANCELLED: frozenset(),
+}
+
+TERMINAL = frozenset({S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED})
+ACTIVE = frozenset(TRANSITIONS) - TERMINAL - {S.JOB_STATE_UNSPECIFIED}
+
+
+class IllegalTransition(Exception):
+    """A state change that the lifecycle does not allow."""
+
+    def __init__(self, job_id: str, source: int, target: int) -> None:
+        super().__init__(
+            f"job {job_id}: {S.Name(source)} → {S.Name(target)} is not a lifecycle transition"
+        )
+        self.job_id = job_id
+        self.source = source
+        self.target = target
+
+
+def transition(job: pb.Job, target: int, now: float, reason: str) -> None:
+    """Move `job` to `target` in place, recording why; a no-op if it is already there."""
+    if job.state == target:
+        return
+    if target not in TRANSITIONS.get(job.state, frozenset()):
+        raise IllegalTransition(job.id, job.state, target)
+    job.state = target  # type: ignore[assignment]
+    entry = job.history.add(state=target, reason=reason)
+    entry.time.FromNanoseconds(int(now * 1e9))
+    if target in TERMINAL:
+        job.finish_time.FromNanoseconds(int(now * 1e9))
+
+
+def state_name(state: int) -> str:
+    """Short state name for messages: "RUNNING"."""
+    return S.Name(state).removeprefix("JOB_STATE_")

@@ -1,0 +1,257 @@
+"""A scheduler replica: campaigns for leadership and, while leading, runs scheduling rounds.
+
+Every replica serves reads and submits (the servicer); only the leader allocates. While
+leading, rounds run every `interval_s` and on events (jobs, nodes, models or replica statuses
+change), debounced. Each round's writes are fenced on the leader key, and losing the session
+cancels the round in flight before anything else (style.md R8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from pollux.policy.optimus import OptimusPolicy
+from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.tiresias import TiresiasPolicy
+from pollux.policy.types import Policy
+from pollux.scheduler.config import SchedulerConfig
+from pollux.scheduler.cycle import RoundPlan, plan_round
+from pollux.scheduler.leader import Election, LeadershipLost, Session
+from pollux.service.store import (
+    Conflict,
+    Delete,
+    Expect,
+    Fence,
+    FenceLost,
+    Put,
+    Store,
+    StoreError,
+)
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+ROUNDS = Counter("pollux_scheduler_rounds_total", "Scheduling rounds", ["outcome"])
+ROUND_SECONDS = Histogram("pollux_scheduler_round_seconds", "Round duration", ["phase"])
+LEADER = Gauge("pollux_scheduler_is_leader", "1 while this replica leads")
+JOBS_PER_TXN = 40
+"""Jobs per commit transaction: 2 ops each stays under etcd's default 128 ops per txn."""
+
+
+def make_policy(name: str, restart_delay_s: float) -> Policy:
+    """The policy object for a configured name."""
+    if name == "pollux":
+        return PolluxPolicy(PolluxParams(restart_delay=restart_delay_s))
+    if name == "optimus":
+        return OptimusPolicy()
+    if name == "tiresias":
+        return TiresiasPolicy()
+    raise ValueError(f"unknown policy {name!r}")
+
+
+@dataclass
+class Leadership:
+    """What a replica knows about leadership right now."""
+
+    leading: bool = False
+    fence: Fence | None = None
+
+
+class Scheduler:
+    """One scheduler replica.
+
+    Args:
+        store: The cluster state store.
+        config: The replica's configuration.
+        address: gRPC address other processes use to reach this replica.
+        clock: Wall-clock seconds (injected for tests).
+        on_leadership: Called with True/False when leadership is won or lost.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: SchedulerConfig,
+        address: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_leadership: Callable[[bool], object] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.member = pb.Member(id=config.id, address=address)
+        self.clock = clock
+        self.policy = make_policy(config.scheduling.policy, config.scheduling.restart_delay_s)
+        self.rng = np.random.default_rng(config.scheduling.seed)
+        self.leadership = Leadership()
+        self.last_round = 0
+        self._memory: object | None = None
+        self._wake = asyncio.Event()
+        self._on_leadership = on_leadership
+        self._session: Session | None = None
+        self._stopping = False
+
+    def trigger(self) -> None:
+        """Ask for a round soon (debounced); harmless on followers."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Campaign, lead, and campaign again after losing leadership, until cancelled."""
+        while not self._stopping:
+            session = Session(self.store, self.config.lease_ttl_s)
+            try:
+                await session.start()
+                self._session = session
+                election = Election(session, self.member)
+                fence = await election.campaign()
+                await self._lead(session, fence)
+            except (LeadershipLost, StoreError, OSError) as error:
+                log.warning("leadership_interrupted", error=str(error))
+                await asyncio.sleep(0.5)
+            finally:
+                self._set_leading(None)
+                await session.close(revoke=True)
+
+    async def stop(self) -> None:
+        """Resign (revoking the lease, so a standby takes over at once)."""
+        self._stopping = True
+        if self._session is not None:
+            await self._session.close(revoke=True)
+
+    def _set_leading(self, fence: Fence | None) -> None:
+        leading = fence is not None
+        changed = leading != self.leadership.leading
+        self.leadership = Leadership(leading, fence)
+        LEADER.set(1 if leading else 0)
+        if changed:
+            log.info("leadership_changed", leading=leading, scheduler_id=self.member.id)
+            if self._on_leadership is not None:
+                self._on_leadership(leading)
+
+    async def _lead(self, session: Session, fence: Fence) -> None:
+        self._set_leading(fence)
+        self._memory = None  # warm starts are per leader term, keyed by job id
+        decisions = await self.store.latest_decisions(1)
+        self.last_round = decisions[0].round if decisions else 0
+        watcher = asyncio.create_task(self._watch_events())
+        try:
+            while not session.lost.is_set():
+                round_task = asyncio.create_task(self.run_round(fence))
+                lost = asyncio.create_task(session.lost.wait())
+                done, _ = await asyncio.wait(
+                    {round_task, lost}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if lost in done:
+                    round_task.cancel()  # losing the lease cancels the round in flight
+                    with contextlib.suppress(asyncio.CancelledError, StoreError):
+                        await round_task
+                    raise LeadershipLost()
+                lost.cancel()
+                try:
+                    round_task.result()
+                except FenceLost as error:
+                    raise LeadershipLost() from error
+                except Conflict as error:
+                    log.info("round_conflict_retrying", key=error.key.decode())
+                    ROUNDS.labels("conflict").inc()
+                    await asyncio.sleep(0.1)
+                    continue
+                await self._wait_for_next(session)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _wait_for_next(self, session: Session) -> None:
+        interval = self.config.scheduling.interval_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), interval)
+            await asyncio.sleep(self.config.scheduling.debounce_s)
+        self._wake.clear()
+
+    async def _watch_events(self) -> None:
+        """Trigger a round when jobs, nodes or replica statuses change."""
+        _, revision = await self.store.list_jobs()
+        keys = self.store.keys
+        prefixes = [keys.prefix(k) for k in ("jobs", "nodes", "replicas", "models")]
+
+        async def follow(prefix: bytes) -> None:
+            async for event in self.store.watch(prefix, start_revision=revision + 1):
+                if prefix == keys.prefix("models") and event.value is not None:
+                    continue  # model refreshes wait for the periodic round
+                self._wake.set()
+
+        await asyncio.gather(*(follow(p) for p in prefixes))
+
+    async def run_round(self, fence: Fence) -> pb.Decision:
+        """Snapshot → plan → fenced commit → decision record."""
+        number = self.last_round + 1
+        with structlog.contextvars.bound_contextvars(round=number, role="leader"):
+            started = time.perf_counter()
+            snapshot = await self.store.snapshot()
+            read = time.perf_counter()
+            plan = plan_round(
+                snapshot,
+                self.policy,
+                self._memory,
+                self.rng,
+                now=self.clock(),
+                round_number=number,
+                scheduler_id=self.member.id,
+            )
+            planned = time.perf_counter()
+            await self._commit(plan, fence, number)
+            committed = time.perf_counter()
+            self._memory = plan.memory
+            self.last_round = number
+            ROUND_SECONDS.labels("snapshot").observe(read - started)
+            ROUND_SECONDS.labels("policy").observe(planned - read)
+            ROUND_SECONDS.labels("commit").observe(committed - planned)
+            ROUNDS.labels("committed").inc()
+            log.info(
+                "round_committed",
+                jobs=len(plan.decision.jobs),
+                changed=len(plan.jobs),
+                gpus=sum(len(j.nodes) for j in plan.decision.jobs),
+                objective=round(plan.decision.objective, 6),
+                snapshot_ms=round((read - started) * 1e3, 1),
+                policy_ms=round((planned - read) * 1e3, 1),
+                commit_ms=round((committed - planned) * 1e3, 1),
+                revision=snapshot.revision,
+            )
+            return plan.decision
+
+    async def _commit(self, plan: RoundPlan, fence: Fence, number: int) -> None:
+        keys = self.store.keys
+        groups: list[tuple[list[Put | Delete], list[Expect]]] = []
+        for job, expected in plan.jobs:
+            ops: list[Put | Delete] = [Put(keys.job(job.id), job.SerializeToString())]
+            if job.id in plan.allocations:
+                allocation = plan.allocations[job.id]
+                if allocation is None:
+                    ops.append(Delete(keys.allocation(job.id)))
+                else:
+                    ops.append(Put(keys.allocation(job.id), allocation.SerializeToString()))
+            groups.append((ops, [Expect(keys.job(job.id), expected)]))
+        # Each job's record and allocation change together; a round's jobs are committed in
+        # chunks (etcd limits ops per txn), every chunk fenced. The decision goes last.
+        for start in range(0, len(groups), JOBS_PER_TXN):
+            chunk = groups[start : start + JOBS_PER_TXN]
+            await self.store.txn(
+                [op for ops, _ in chunk for op in ops],
+                expect=[e for _, exp in chunk for e in exp],
+                fence=fence,
+            )
+        history = self.config.scheduling.decision_history
+        tail: list[Put | Delete] = [Put(keys.decision(number), plan.decision.SerializeToString())]
+        if number > history:
+            tail.append(Delete(keys.decision(number - history)))
+        await self.store.txn(tail, fence=fence)

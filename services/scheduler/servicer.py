@@ -1,0 +1,291 @@
+"""SchedulerService over gRPC: decode → validate → store → encode (style.md R6).
+
+Every replica serves every RPC. Submits and cancels are plain conditional writes to etcd (no
+leadership needed: a new job is a create-if-absent on its request id, a cancel sets a flag with
+an optimistic-concurrency check); the leader acts on them in its next round, which each write
+triggers. Responses carry the current leader's id and address in trailing metadata
+(`pollux-leader-id`, `pollux-leader-address`) so clients learn it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeAlias
+
+import grpc
+import structlog
+from prometheus_client import Histogram
+
+from pollux.scheduler.leader import current_leader
+from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
+from pollux.scheduler.validation import normalised, validate_submit
+from pollux.service.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    grpc_errors,
+    grpc_stream_errors,
+)
+from pollux.service.store import Conflict, Store, decode
+from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+RPC_SECONDS = Histogram("pollux_scheduler_rpc_seconds", "Scheduler RPC latency", ["method"])
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+def _page_token(job: pb.Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.create_time.ToNanoseconds()}/{job.id}".encode()).decode()
+
+
+def _order(job: pb.Job) -> tuple[int, str]:
+    return job.create_time.ToNanoseconds(), job.id
+
+
+class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
+    """The SchedulerService RPCs of one replica.
+
+    Args:
+        store: The cluster state store.
+        replica_id: This replica's id (ClusterStatus.answered_by).
+        on_change: Called after a write a round should react to (the local scheduler's trigger).
+        last_round: Returns the last round this replica ran or saw.
+        clock: Wall-clock seconds.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        replica_id: str,
+        on_change: Callable[[], None],
+        last_round: Callable[[], int],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.replica_id = replica_id
+        self.on_change = on_change
+        self.last_round = last_round
+        self.clock = clock
+
+    async def _leader_metadata(self, context: Context) -> None:
+        leader = await current_leader(self.store)
+        if leader is not None:
+            context.set_trailing_metadata(
+                (("pollux-leader-id", leader.id), ("pollux-leader-address", leader.address))
+            )
+
+    async def _job(self, job_id: str) -> tuple[pb.Job, int]:
+        if not job_id:
+            raise InvalidArgument([("job_id", "required")])
+        entry = await self.store.get_job(job_id)
+        if entry is None:
+            raise NotFound(f"job {job_id!r} not found (pollux-cli ls lists jobs)")
+        return entry.value, entry.mod_revision
+
+    @grpc_errors
+    async def SubmitJob(
+        self, request: spb.SubmitJobRequest, context: Context
+    ) -> spb.SubmitJobResponse:
+        """Validate completely, then create-if-absent on the request id."""
+        with RPC_SECONDS.labels("SubmitJob").time():
+            validate_submit(request.spec, request.request_id, request.HasField("spec"))
+            now = self.clock()
+            job = pb.Job(
+                id=f"j-{uuid.uuid4().hex[:10]}",
+                spec=normalised(request.spec),
+                request_id=request.request_id,
+                state=S.JOB_STATE_PENDING,
+            )
+            job.create_time.FromNanoseconds(int(now * 1e9))
+            entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+            entry.time.CopyFrom(job.create_time)
+            stored, created = await self.store.create_job(job)
+            if not created and stored.spec != job.spec:
+                raise FailedPrecondition(
+                    f"request_id {request.request_id!r} was already used for job {stored.id} "
+                    "with a different spec; use a new request_id"
+                )
+            if created:
+                self.on_change()
+            log.info("job_submitted", job_id=stored.id, created=created, name=stored.spec.name)
+            await self._leader_metadata(context)
+            return spb.SubmitJobResponse(job=stored, created=created)
+
+    @grpc_errors
+    async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
+        """One job."""
+        job, _ = await self._job(request.job_id)
+        return spb.GetJobResponse(job=job)
+
+    @grpc_errors
+    async def ListJobs(
+        self, request: spb.ListJobsRequest, context: Context
+    ) -> spb.ListJobsResponse:
+        """Jobs in creation order, filtered, one page at a time."""
+        size = request.page_size or 100
+        problems = []
+        if not 1 <= size <= 1000:
+            problems.append(("page_size", f"{request.page_size} must be 1-1000 (0 = 100)"))
+        after: tuple[int, str] | None = None
+        if request.page_token:
+            try:
+                raw = base64.urlsafe_b64decode(request.page_token.encode()).decode()
+                nanos, _, job_id = raw.partition("/")
+                after = (int(nanos), job_id)
+            except ValueError:
+                problems.append(("page_token", "not a token from a previous ListJobs response"))
+        for state in request.states:
+            if state not in S.values() or state == S.JOB_STATE_UNSPECIFIED:
+                problems.append(("states", f"{state} is not a job state"))
+        if problems:
+            raise InvalidArgument(problems)
+        entries, _ = await self.store.list_jobs()
+        jobs = sorted((e.value for e in entries), key=_order)
+        states = set(request.states)
+        selected = [
+            j
+            for j in jobs
+            if (not states or j.state in states)
+            and j.spec.name.startswith(request.name_prefix)
+            and all(j.spec.labels.get(k) == v for k, v in request.labels.items())
+            and (after is None or _order(j) > after)
+        ]
+        page = selected[:size]
+        token = _page_token(page[-1]) if len(selected) > size else ""
+        return spb.ListJobsResponse(jobs=page, next_page_token=token)
+
+    @grpc_errors
+    async def CancelJob(
+        self, request: spb.CancelJobRequest, context: Context
+    ) -> spb.CancelJobResponse:
+        """Flag the job; the leader stops it in the next round (triggered now)."""
+        for _ in range(10):
+            job, revision = await self._job(request.job_id)
+            if job.state == S.JOB_STATE_CANCELLED or job.cancel_requested:
+                return spb.CancelJobResponse(job=job)
+            if job.state in TERMINAL:
+                raise FailedPrecondition(
+                    f"job {job.id} already {S.Name(job.state).removeprefix('JOB_STATE_')}; "
+                    "nothing to cancel"
+                )
+            job.cancel_requested = True
+            try:
+                await self.store.update_job(job, expected=revision)
+            except Conflict:
+                await asyncio.sleep(0.01)
+                continue
+            self.on_change()
+            log.info("job_cancel_requested", job_id=job.id, reason=request.reason)
+            await self._leader_metadata(context)
+            return spb.CancelJobResponse(job=job)
+        raise Conflict(self.store.keys.job(request.job_id))
+
+    @grpc_errors
+    async def DeleteJob(
+        self, request: spb.DeleteJobRequest, context: Context
+    ) -> spb.DeleteJobResponse:
+        """Remove a finished job and everything stored for it."""
+        job, revision = await self._job(request.job_id)
+        if job.state not in TERMINAL:
+            raise FailedPrecondition(
+                f"job {job.id} is {S.Name(job.state).removeprefix('JOB_STATE_')}; "
+                "cancel it first (pollux-cli cancel) and delete it once it has stopped"
+            )
+        await self.store.delete_job(job, expected=revision)
+        log.info("job_deleted", job_id=job.id)
+        return spb.DeleteJobResponse()
+
+    @grpc_stream_errors
+    async def WatchJobs(
+        self, request: spb.WatchJobsRequest, context: Context
+    ) -> AsyncIterator[spb.WatchJobsResponse]:
+        """Current jobs, then every change."""
+        entries, revision = await self.store.list_jobs()
+        last: dict[bytes, pb.Job] = {}
+        for entry in sorted(entries, key=lambda e: _order(e.value)):
+            if request.job_id and entry.value.id != request.job_id:
+                continue
+            last[self.store.keys.job(entry.value.id)] = entry.value
+            yield spb.WatchJobsResponse(job=entry.value)
+        if request.job_id and not last:
+            raise NotFound(f"job {request.job_id!r} not found")
+        prefix = (
+            self.store.keys.job(request.job_id)
+            if request.job_id
+            else self.store.keys.prefix("jobs")
+        )
+        async for event in self.store.watch(prefix, start_revision=revision + 1):
+            if request.job_id and event.key != self.store.keys.job(request.job_id):
+                continue
+            if event.value is None:
+                previous = last.pop(event.key, pb.Job(id=event.key.decode().rsplit("/", 1)[-1]))
+                yield spb.WatchJobsResponse(job=previous, deleted=True)
+                if request.job_id:
+                    return
+                continue
+            job = decode(pb.Job, event.value, event.key)
+            last[event.key] = job
+            yield spb.WatchJobsResponse(job=job)
+
+    @grpc_errors
+    async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
+        """The job, its part of the latest decision that included it, its model."""
+        job, _ = await self._job(request.job_id)
+        response = spb.ExplainResponse(job=job)
+        for decision in await self.store.latest_decisions(50):
+            mine = next((d for d in decision.jobs if d.job_id == job.id), None)
+            if mine is not None:
+                response.decision.CopyFrom(mine)
+                response.round.CopyFrom(decision)
+                response.round.ClearField("jobs")
+                break
+        model = await self.store.get_model(job.id)
+        if model is not None:
+            response.model.CopyFrom(model.value)
+        profile = await self.store.get_profile(job.id)
+        if profile is not None and job.allocation.nodes:
+            shape = f"{len(set(job.allocation.nodes))}/{len(job.allocation.nodes)}"
+            if shape in profile.value.last_configs:
+                response.batch.CopyFrom(profile.value.last_configs[shape])
+        return response
+
+    @grpc_errors
+    async def ClusterStatus(
+        self, request: spb.ClusterStatusRequest, context: Context
+    ) -> spb.ClusterStatusResponse:
+        """Nodes with their jobs, agents, leader, totals."""
+        snapshot = await self.store.snapshot()
+        by_node: dict[str, list[str]] = {}
+        counts: dict[str, int] = {}
+        for entry in snapshot.jobs.values():
+            job = entry.value
+            name = S.Name(job.state).removeprefix("JOB_STATE_")
+            counts[name] = counts.get(name, 0) + 1
+            if job.state in ACTIVE:
+                for held in job.allocation.nodes:
+                    by_node.setdefault(held, []).append(job.id)
+        response = spb.ClusterStatusResponse(
+            agents=snapshot.agents, answered_by=self.replica_id, last_round=self.last_round()
+        )
+        for node_name in sorted(snapshot.nodes):
+            node = snapshot.nodes[node_name]
+            jobs = by_node.get(node_name, [])
+            response.nodes.add(node=node, allocated_gpus=len(jobs), jobs=jobs)
+            response.total_gpus += node.gpus
+            response.allocated_gpus += len(jobs)
+        for name, count in counts.items():
+            response.jobs_by_state[name] = count
+        leader = await current_leader(self.store)
+        if leader is not None:
+            response.leader_id = leader.id
+            response.leader_address = leader.address
+        decisions = await self.store.latest_decisions(1)
+        if decisions:
+            response.last_round = max(response.last_round, decisions[0].round)
+        return response

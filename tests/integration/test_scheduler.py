@@ -1,0 +1,320 @@
+"""Scheduler on real etcd and real gRPC: submit paths, bad input, rounds, election, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
+from pollux.scheduler.leader import Election, Session, current_leader
+from pollux.scheduler.scheduler import Scheduler
+from pollux.scheduler.servicer import SchedulerServicer
+from pollux.service.config import EtcdConfig
+from pollux.service.server import ServiceHost
+from pollux.service.store import FenceLost, Put, Store
+from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
+from pollux.v1 import types_pb2 as pb
+from tests.etcd_server import EtcdServer
+
+SERVICE = "pollux.v1.SchedulerService"
+
+
+def spec(name: str = "train", **batch: int) -> pb.JobSpec:
+    return pb.JobSpec(
+        name=name,
+        command=["python", "-c", "pass"],
+        batch=pb.BatchLimits(
+            initial_batch_size=batch.get("m0", 64), max_batch_size=batch.get("max", 0)
+        ),
+        max_replicas=batch.get("replicas", 0),
+    )
+
+
+def config(etcd: EtcdServer, root: str, name: str, policy: str = "pollux") -> SchedulerConfig:
+    return SchedulerConfig(
+        id=name,
+        lease_ttl_s=2,
+        etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
+        scheduling=SchedulingConfig(policy=policy, interval_s=0.5, debounce_s=0.05),
+    )
+
+
+class Replica:
+    """An in-process scheduler replica with its gRPC server and a client stub."""
+
+    def __init__(self, store: Store, cfg: SchedulerConfig) -> None:
+        self.store = store
+        self.scheduler = Scheduler(store, cfg, address="")
+        self.host = ServiceHost("scheduler", "127.0.0.1:0")
+        self.task: asyncio.Task[None] | None = None
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: spb_grpc.SchedulerServiceStub
+
+    async def start(self) -> Replica:
+        servicer = SchedulerServicer(
+            self.store,
+            self.scheduler.member.id,
+            self.scheduler.trigger,
+            lambda: self.scheduler.last_round,
+        )
+        await self.host.start(
+            lambda s: spb_grpc.add_SchedulerServiceServicer_to_server(servicer, s), [SERVICE]
+        )
+        self.scheduler.member.address = self.host.address
+        self.task = asyncio.create_task(self.scheduler.run())
+        self.channel = grpc.aio.insecure_channel(self.host.address)
+        self.stub = spb_grpc.SchedulerServiceStub(self.channel)
+        return self
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.channel is not None:
+            await self.channel.close()
+        await self.host.stop(0)
+
+
+@pytest.fixture
+async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
+    r = await Replica(store, config(etcd, root, "s-1")).start()
+    try:
+        yield r
+    finally:
+        await r.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def add_node(store: Store, name: str, gpus: int) -> int:
+    lease = await store.grant_lease(30)
+    await store.register_node(pb.Node(name=name, gpus=gpus, address="127.0.0.1:1"), lease=lease)
+    return lease
+
+
+async def test_submit_is_idempotent_on_request_id(replica: Replica) -> None:
+    request = spb.SubmitJobRequest(spec=spec(), request_id="r-1")
+    first = await replica.stub.SubmitJob(request)
+    again = await replica.stub.SubmitJob(request)
+    assert first.created
+    assert not again.created
+    assert again.job.id == first.job.id
+    listed = await replica.stub.ListJobs(spb.ListJobsRequest())
+    assert [j.id for j in listed.jobs] == [first.job.id]
+    assert first.job.spec.batch.max_batch_size == 64  # defaults made explicit
+    assert first.job.history[0].reason == "submitted"
+
+
+async def test_bad_spec_is_rejected_with_every_field_and_nothing_stored(
+    replica: Replica, store: Store
+) -> None:
+    bad = pb.JobSpec(
+        name="Bad Name", batch=pb.BatchLimits(initial_batch_size=0), env={"POLLUX_X": "1"}
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=bad, request_id="r-2"))
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(error)
+    assert status is not None
+    detail = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(detail)
+    fields = {v.field for v in detail.field_violations}
+    assert {
+        "spec.name",
+        "spec.command",
+        "spec.batch.initial_batch_size",
+        "spec.env[POLLUX_X]",
+    } <= fields
+    jobs, _ = await store.list_jobs()
+    assert jobs == []
+
+
+async def test_unknown_job_is_not_found_and_empty_id_invalid(replica: Replica) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.GetJob(spb.GetJobRequest(job_id="j-nope"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.CancelJob(spb.CancelJobRequest(job_id=""))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.ListJobs(spb.ListJobsRequest(page_token="!!", page_size=5000))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_pagination_filters_and_order(replica: Replica) -> None:
+    ids = []
+    for i in range(5):
+        r = await replica.stub.SubmitJob(
+            spb.SubmitJobRequest(spec=spec(f"job-{i % 2}"), request_id=f"p-{i}")
+        )
+        ids.append(r.job.id)
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = await replica.stub.ListJobs(spb.ListJobsRequest(page_size=2, page_token=token))
+        seen.extend(j.id for j in page.jobs)
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == ids
+    odd = await replica.stub.ListJobs(spb.ListJobsRequest(name_prefix="job-1"))
+    assert [j.id for j in odd.jobs] == [ids[1], ids[3]]
+
+
+async def test_round_allocates_cancel_releases_delete_removes(
+    replica: Replica, store: Store
+) -> None:
+    await add_node(store, "n1", 4)
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="a"))).job
+
+    async def allocated() -> bool:
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        return got.state == pb.JOB_STATE_ALLOCATED and len(got.allocation.nodes) >= 1
+
+    await eventually(allocated)
+    allocations, _ = await store.list_allocations()
+    assert list(allocations[job.id].value.nodes) == ["n1"]  # a new job explores on 1 GPU
+    explain = await replica.stub.Explain(spb.ExplainRequest(job_id=job.id))
+    assert explain.decision.job_id == job.id
+    assert explain.round.round >= 1
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    await replica.stub.CancelJob(spb.CancelJobRequest(job_id=job.id, reason="test"))
+
+    async def cancelled() -> bool:
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        return got.state == pb.JOB_STATE_CANCELLED
+
+    await eventually(cancelled)
+    allocations, _ = await store.list_allocations()
+    assert job.id not in allocations
+    await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
+    assert await store.get_job(job.id) is None
+
+
+async def test_replica_reports_drive_running_and_success(replica: Replica, store: Store) -> None:
+    await add_node(store, "n1", 2)
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="b"))).job
+
+    async def state_is(state: int) -> bool:
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        return got.state == state
+
+    await eventually(lambda: state_is(pb.JOB_STATE_ALLOCATED))
+    got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+    status = pb.ReplicaStatus(
+        job_id=job.id, node="n1", rank=0, generation=got.allocation.generation, phase="running"
+    )
+    await store.put_replica_status(status)
+    await eventually(lambda: state_is(pb.JOB_STATE_RUNNING))
+    status.phase, status.exit_code = "exited", 0
+    await store.put_replica_status(status)
+    await eventually(lambda: state_is(pb.JOB_STATE_SUCCEEDED))
+    done = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+    assert [pb.JobState.Name(h.state) for h in done.history] == [
+        "JOB_STATE_PENDING",
+        "JOB_STATE_ALLOCATED",
+        "JOB_STATE_RUNNING",
+        "JOB_STATE_SUCCEEDED",
+    ]
+
+
+async def test_failed_replica_restarts_then_fails_the_job(replica: Replica, store: Store) -> None:
+    await add_node(store, "n1", 1)
+    failing = replace_spec(spec(), max_failures=1)
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=failing, request_id="c"))).job
+
+    async def current() -> pb.Job:
+        return (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+
+    async def has_generation(gen: int) -> bool:
+        return (await current()).allocation.generation == gen
+
+    await eventually(lambda: has_generation(1))
+    await store.put_replica_status(
+        pb.ReplicaStatus(
+            job_id=job.id, node="n1", rank=0, generation=1, phase="exited", exit_code=1
+        )
+    )
+    await eventually(lambda: has_generation(2))
+    assert (await current()).failures == 1
+    await store.put_replica_status(
+        pb.ReplicaStatus(
+            job_id=job.id, node="n1", rank=0, generation=2, phase="exited", exit_code=1
+        )
+    )
+
+    async def failed() -> bool:
+        return (await current()).state == pb.JOB_STATE_FAILED
+
+    await eventually(failed)
+    assert "exited 1" in (await current()).history[-1].reason
+
+
+def replace_spec(s: pb.JobSpec, **fields: int) -> pb.JobSpec:
+    out = pb.JobSpec()
+    out.CopyFrom(s)
+    for k, v in fields.items():
+        setattr(out, k, v)
+    return out
+
+
+async def test_standby_takes_over_and_deposed_leader_cannot_write(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    first = await Replica(store, config(etcd, root, "s-a")).start()
+    await eventually(lambda: _leads(store, "s-a"))
+    second_store = await Store.connect(etcd.endpoint, root)
+    second = await Replica(second_store, config(etcd, root, "s-b")).start()
+    try:
+        fence = first.scheduler.leadership.fence
+        assert fence is not None
+        await first.stop()
+        await eventually(lambda: _leads(store, "s-b"), timeout=10)
+        # The old fence must not be able to write any more.
+        with pytest.raises(FenceLost):
+            await store.txn([Put(store.keys.job("ghost"), b"")], fence=fence)
+        assert await store.get_job("ghost") is None
+        status = await second.stub.ClusterStatus(spb.ClusterStatusRequest())
+        assert status.leader_id == "s-b"
+    finally:
+        await second.stop()
+        await second_store.close()
+
+
+async def _leads(store: Store, member_id: str) -> bool:
+    leader = await current_leader(store)
+    return leader is not None and leader.id == member_id
+
+
+async def test_expired_lease_fences_a_paused_leader(store: Store) -> None:
+    session = Session(store, ttl_s=2)
+    await session.start()
+    fence = await Election(session, pb.Member(id="paused")).campaign()
+    await store.txn([Put(store.keys.job("ok"), b"")], fence=fence)
+    # Simulate a long pause: stop refreshing and let etcd expire the lease.
+    assert session._task is not None
+    session._task.cancel()
+    await asyncio.sleep(3.5)
+    with pytest.raises(FenceLost):
+        await store.txn([Put(store.keys.job("late"), b"")], fence=fence)
+    assert await store.get_job("late") is None
+    await session.close(revoke=False)
