@@ -112,7 +112,7 @@ class StateTransition(_message.Message):
     def __init__(self, state: _Optional[_Union[JobState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time")
+    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class Job(_message.Message):
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    ATTAINED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     request_id: str
@@ -135,7 +136,8 @@ class Job(_message.Message):
     failures: int
     allocation: Allocation
     finish_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    attained_gpu_seconds: float
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("nodes", "generation", "time", "round")

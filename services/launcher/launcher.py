@@ -1,0 +1,749 @@
+"""The node's control loop: registration, allocation watch, replica start/stop, status reports.
+
+Registration. The node is registered under a lease kept alive every ttl/3. A lost lease (etcd
+answered that it expired, or no keep-alive succeeded for a whole ttl) means the rest of the
+cluster already counts this node as gone and may re-place its replicas, so the launcher stops
+its replicas (self-fencing) and registers again under a new lease.
+
+Watch. Allocations are listed at one revision and watched from the next, so no change is
+missed; every change and a periodic timer trigger one reconcile pass (`reconcile`), which also
+heals whatever an event could not (a barrier that cleared, a status write that failed).
+
+Generation barrier (checkpoint safety: a job never runs two generations at once). When a
+job's generation changes or its allocation is deleted, this node's replicas of the old
+generation are stopped (SIGTERM, grace, SIGKILL). The new generation's replicas start only when
+every replica status of an older generation of the job — on any node — is "exited", or names
+a node that is no longer registered. Starting is then made safe against races by writing the
+new replicas' "running" statuses *before* spawning them, in one etcd transaction that requires
+the allocation to be unchanged since it was read and the status keys to be unchanged since the
+barrier read them: a launcher that saw a stale allocation, or that raced another node's
+write, spawns nothing.
+
+Statuses are unleased (the scheduler reads exit codes after a node is gone). A replica's exit is
+written conditionally on its own last status write, so a late report from a partitioned node
+never overwrites the status of a newer generation's replica of the same rank.
+
+Orphans. A status "running" that names this node but no replica this process started belongs
+to a previous launcher process that died without stopping it. Its process (if it still exists
+and carries the job's environment) is stopped, and the status is closed as a planned stop
+(143): the launcher never restarts replicas itself; the scheduler re-allocates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+import structlog
+
+from pollux.agent.ownership import ranked
+from pollux.launcher.config import LauncherConfig
+from pollux.launcher.gpus import Inventory
+from pollux.launcher.placement import (
+    PlacementError,
+    ReplicaPlan,
+    contract_env,
+    local_ranks,
+    master_ports,
+    plan_replicas,
+    replica_env,
+)
+from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.service.store import (
+    Conflict,
+    Entry,
+    Expect,
+    Put,
+    Store,
+    StoreError,
+    WatchEvent,
+    decode,
+)
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+REPLICAS_STARTED = prometheus_client.Counter(
+    "pollux_launcher_replicas_started_total", "Replica processes started on this node."
+)
+REPLICA_EXITS = prometheus_client.Counter(
+    "pollux_launcher_replica_exits_total",
+    "Replica exits on this node by outcome (success, planned_stop, failure).",
+    ["outcome"],
+)
+REPLICAS_RUNNING = prometheus_client.Gauge(
+    "pollux_launcher_replicas_running", "Replicas alive on this node."
+)
+LEASE_LOSSES = prometheus_client.Counter(
+    "pollux_launcher_lease_losses_total", "Times the node registration lease was lost."
+)
+
+_PORT_PROBES = 64
+"""Most MASTER_PORT candidates probed before giving up and using the derived one."""
+
+
+class NodeNameInUseError(Exception):
+    """Another live launcher holds this node's registration.
+
+    Attributes:
+        node_name: The contested name.
+        address: The other launcher's address.
+    """
+
+    def __init__(self, node_name: str, address: str) -> None:
+        super().__init__(
+            f"node_name: {node_name!r} is registered by another launcher at {address}; "
+            "give each node a unique name"
+        )
+        self.node_name = node_name
+        self.address = address
+
+
+@dataclass(frozen=True, slots=True)
+class _Current:
+    """A job's allocation as last seen, with the mod revision launches are conditioned on."""
+
+    allocation: pb.Allocation
+    mod_revision: int
+
+
+def exit_outcome(code: int) -> str:
+    """How the scheduler reads an exit code: success, planned_stop or failure."""
+    if code == 0:
+        return "success"
+    return "planned_stop" if code == PLANNED_STOP else "failure"
+
+
+class Launcher:
+    """Runs this node's share of every allocation.
+
+    Args:
+        config: The launcher configuration.
+        store: The cluster state.
+        inventory: The node's GPUs or CPU slots.
+        advertise: host:port of this launcher's gRPC service (registered as Node.address).
+        environ: Environment replicas inherit (the launcher's own by default).
+    """
+
+    def __init__(
+        self,
+        config: LauncherConfig,
+        store: Store,
+        inventory: Inventory,
+        *,
+        advertise: str,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.inventory = inventory
+        self.node_name = config.node_name
+        self.advertise = advertise
+        self._environ = dict(os.environ if environ is None else environ)
+        self._allocations: dict[str, _Current] = {}
+        self._replicas: dict[tuple[str, int, int], Replica] = {}
+        self._launched: dict[str, int] = {}
+        """Per job, the newest generation this node started (or found started)."""
+        self._master_ports: dict[tuple[str, int], int] = {}
+        self._stops: dict[tuple[str, int, int], asyncio.Task[int]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._orphans: set[tuple[str, int, int]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._keepalive: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._waiting = False
+        self._scan_orphans = True
+        self._lease = 0
+        self._lease_ok_at = 0.0
+        self._closing = False
+        self._log = log.bind(node_id=self.node_name)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def node(self) -> pb.Node:
+        """This node's registration record."""
+        node = pb.Node(
+            name=self.node_name,
+            address=self.advertise,
+            gpus=self.inventory.count,
+            gpu_type=self.inventory.gpu_type,
+            labels=self.config.label_map(),
+        )
+        node.register_time.GetCurrentTime()
+        return node
+
+    async def start(self) -> None:
+        """Register the node and start the keep-alive, watch and reconcile loops.
+
+        Raises:
+            NodeNameInUseError: Another live launcher registered this node name.
+            StoreError: etcd refused the registration (the process should exit).
+        """
+        await self._claim_name()
+        await self._register()
+        with structlog.contextvars.bound_contextvars(node_id=self.node_name):
+            self._keepalive = asyncio.create_task(self._keep_alive_loop())
+            self._loops = [
+                asyncio.create_task(self._watch_loop()),
+                asyncio.create_task(self._reconcile_loop()),
+            ]
+        self._log.info(
+            "node_registered",
+            address=self.advertise,
+            gpus=self.inventory.count,
+            gpu_type=self.inventory.gpu_type,
+        )
+
+    async def stop(self) -> None:
+        """Stop every replica gracefully, report their exits, then deregister.
+
+        The lease is kept alive until the replicas are gone: while the node is registered,
+        other nodes' launchers hold the next generation back (the barrier), so its replicas
+        never overlap with these.
+        """
+        self._closing = True
+        self._wake.set()
+        reconcile = self._loops[1] if self._loops else None
+        if reconcile is not None:
+            # Let a pass in flight finish, so no status is written without its process.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reconcile), 4 * self.config.etcd.timeout_s)
+        for task in self._loops:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        live = [r for r in self._replicas.values() if r.alive]
+        self._log.info("launcher_stopping", replicas=len(live))
+        stops = [self._stop(r, "launcher shutting down") for r in live]
+        if stops:
+            await asyncio.gather(*stops, return_exceptions=True)
+        pending = {t for t in self._background if not t.done()}
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=2 * self.config.etcd.timeout_s)
+        for task in [*pending, *([self._keepalive] if self._keepalive else [])]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._lease:
+            try:
+                await self.store.revoke_lease(self._lease)
+            except StoreError as error:
+                self._log.warning("lease_revoke_failed", error=str(error))
+            self._lease = 0
+        self._log.info("node_deregistered")
+
+    # -- registration --------------------------------------------------------------------------
+
+    async def _claim_name(self) -> None:
+        """Wait out a registration of this name by another address, or fail.
+
+        Two launchers with one node name (cloned hosts) would each count the other's replicas
+        as orphans and stop them. A registration from the same address is this launcher's
+        previous process and is simply replaced; one from another address may be a crashed
+        launcher whose lease has not expired yet, so it gets one ttl to disappear.
+        """
+        key = self.store.keys.node(self.node_name)
+        deadline = time.monotonic() + self.config.lease_ttl_s + 1.0
+        while (held := await self.store.get(key, pb.Node)) is not None:
+            if held.value.address == self.advertise:
+                return
+            if time.monotonic() > deadline:
+                raise NodeNameInUseError(self.node_name, held.value.address)
+            self._log.info("node_name_held", address=held.value.address)
+            await asyncio.sleep(0.5)
+
+    async def _register(self) -> None:
+        lease = await self.store.grant_lease(self.config.lease_ttl_s)
+        await self.store.register_node(self.node(), lease=lease)
+        self._lease = lease
+        self._lease_ok_at = time.monotonic()
+
+    async def _keep_alive_loop(self) -> None:
+        ttl = self.config.lease_ttl_s
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                if self._lease == 0:
+                    await self._register()
+                    self._log.info("node_reregistered", lease=self._lease)
+                    continue
+                remaining = await self.store.keep_alive(self._lease)
+            except StoreError as error:
+                self._log.warning("lease_keepalive_failed", error=str(error))
+                if self._lease and time.monotonic() - self._lease_ok_at > ttl:
+                    self._lease_lost("no keep-alive succeeded for a whole ttl")
+                continue
+            if remaining > 0:
+                self._lease_ok_at = time.monotonic()
+            else:
+                self._lease_lost("etcd reports the lease expired")
+
+    def _lease_lost(self, reason: str) -> None:
+        """Self-fence: the cluster counts this node as gone, so its replicas must stop."""
+        LEASE_LOSSES.inc()
+        live = [r for r in self._replicas.values() if r.alive]
+        self._log.warning("lease_lost", reason=reason, stopping=len(live))
+        self._lease = 0
+        for replica in live:
+            self._stop(replica, "node lease lost")
+
+    # -- allocation watch ----------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        prefix = self.store.keys.prefix("allocations")
+        while True:
+            try:
+                current, revision = await self.store.list_allocations()
+                self._allocations = {
+                    job_id: _Current(entry.value, entry.mod_revision)
+                    for job_id, entry in current.items()
+                }
+                self._wake.set()
+                async for event in self.store.watch(prefix, start_revision=revision + 1):
+                    self._apply(event)
+                    self._wake.set()
+            except StoreError as error:  # unreachable, or the revision was compacted: re-list
+                self._log.warning("allocation_watch_failed", error=str(error))
+                await asyncio.sleep(1.0)
+            except Exception:  # a dead watch would freeze the node: log, re-list, go on
+                self._log.exception("allocation_watch_crashed")
+                await asyncio.sleep(1.0)
+
+    def _apply(self, event: WatchEvent) -> None:
+        job_id = self.store.keys.name_of(event.key, "allocations")
+        if event.value is None:
+            self._allocations.pop(job_id, None)
+            return
+        try:
+            allocation = decode(pb.Allocation, event.value, event.key)
+        except StoreError as error:
+            self._log.error("allocation_corrupt", job_id=job_id, error=str(error))
+            return
+        self._allocations[job_id] = _Current(allocation, event.revision)
+
+    # -- reconcile -----------------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while not self._closing:
+            period = self.config.barrier_poll_s if self._waiting else self.config.resync_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), period)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except StoreError as error:
+                self._waiting = True
+                self._log.warning("reconcile_failed", error=str(error))
+            except Exception:
+                self._waiting = True
+                self._log.exception("reconcile_crashed")
+
+    async def reconcile(self) -> None:
+        """One pass: stop what is no longer allocated here, start what may start now."""
+        for replica in list(self._replicas.values()):
+            current = self._allocations.get(replica.job_id)
+            if replica.alive and (
+                current is None or current.allocation.generation != replica.generation
+            ):
+                reason = "allocation deleted" if current is None else "generation changed"
+                self._stop(replica, reason)
+        for job_id in list(self._launched):
+            if job_id not in self._allocations:
+                del self._launched[job_id]
+        if self._scan_orphans:
+            statuses, _ = await self.store.list_replica_statuses()
+            for entry in statuses:
+                self._adopt_if_orphan(entry)
+            self._scan_orphans = False
+        nodes = {entry.value.name: entry.value for entry in (await self.store.list_nodes())[0]}
+        if self.node_name not in nodes and self._lease and not self._closing:
+            # The key vanished though the lease lives (deleted by hand?): put it back.
+            await self.store.register_node(self.node(), lease=self._lease)
+            nodes[self.node_name] = self.node()
+        if self._closing or not self._lease:
+            # Fenced (lease lost) or shutting down: the cluster may already count this node
+            # as gone, so nothing new starts until it is registered again.
+            self._waiting = not self._closing
+            self._prune()
+            return
+        waiting = False
+        for job_id, current in list(self._allocations.items()):
+            generation = current.allocation.generation
+            if self._launched.get(job_id, -1) >= generation:
+                continue
+            if not local_ranks(current.allocation, self.node_name):
+                continue
+            with structlog.contextvars.bound_contextvars(job_id=job_id, generation=generation):
+                waiting |= not await self._try_launch(job_id, current, nodes)
+        self._waiting = waiting
+        self._prune()
+
+    async def _try_launch(
+        self, job_id: str, current: _Current, nodes: Mapping[str, pb.Node]
+    ) -> bool:
+        """Start this node's replicas of the job's current generation if the barrier allows.
+
+        Returns:
+            True when nothing is left to do for this generation, False to retry soon.
+        """
+        generation = current.allocation.generation
+        if any(
+            r.alive and r.job_id == job_id and r.generation < generation
+            for r in self._replicas.values()
+        ):
+            return False  # our own old replicas are still stopping
+        statuses = await self._barrier(job_id, generation, nodes)
+        if statuses is None:
+            return False
+        for rank in local_ranks(current.allocation, self.node_name):
+            seen = statuses.get(rank)
+            if seen is not None and seen.value.generation >= generation:
+                # Started before (by an earlier launcher process): never start twice.
+                self._launched[job_id] = generation
+                self._adopt_if_orphan(seen)
+                return True
+        job = await self.store.get_job(job_id)
+        if job is None:
+            self._log.warning("job_missing", job_id=job_id)
+            return False
+        try:
+            plans = plan_replicas(
+                current.allocation,
+                self.node_name,
+                nodes,
+                master_port=self._master_port(job_id, current.allocation),
+                free_slots=self._free_slots(),
+            )
+        except PlacementError as error:
+            self._log.info("launch_waiting", job_id=job_id, reason=str(error))
+            return False
+        return await self._launch(job_id, current, job.value.spec, plans, statuses)
+
+    async def _barrier(
+        self, job_id: str, generation: int, nodes: Mapping[str, pb.Node]
+    ) -> dict[int, Entry[pb.ReplicaStatus]] | None:
+        """The job's statuses by rank if no older generation may still run, else None."""
+        entries, _ = await self.store.list_replica_statuses(job_id)
+        blockers = []
+        for entry in entries:
+            status = entry.value
+            if status.generation < generation and status.phase != "exited" and status.node in nodes:
+                blockers.append(f"{status.node}/{status.rank}@{status.generation}")
+                self._adopt_if_orphan(entry)
+        if blockers:
+            self._log.debug("barrier_waiting", job_id=job_id, blockers=blockers)
+            return None
+        return {entry.value.rank: entry for entry in entries}
+
+    async def _launch(
+        self,
+        job_id: str,
+        current: _Current,
+        spec: pb.JobSpec,
+        plans: list[ReplicaPlan],
+        statuses: Mapping[int, Entry[pb.ReplicaStatus]],
+    ) -> bool:
+        """Claim the replicas' status keys in one conditional txn, then spawn them.
+
+        Returns:
+            False if the txn lost a race (allocation or a status changed since read).
+        """
+        generation = current.allocation.generation
+        agents, _ = await self.store.list_agents()
+        agent_addrs = [m.address for m in ranked(job_id, [a.value for a in agents], key=_id)]
+        checkpoint_dir = self.config.checkpoint_root / job_id
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        grace = float(spec.stop_grace_s or self.config.default_stop_grace_s)
+        replicas = [
+            Replica(
+                job_id=job_id,
+                generation=generation,
+                rank=plan.rank,
+                node=self.node_name,
+                slot=plan.slot,
+                grace_s=grace,
+                ring_lines=self.config.log_ring_lines,
+            )
+            for plan in plans
+        ]
+        keys = self.store.keys
+        expect = [Expect(keys.allocation(job_id), current.mod_revision)]
+        for plan in plans:
+            seen = statuses.get(plan.rank)
+            expect.append(Expect(keys.replica(job_id, plan.rank), seen.mod_revision if seen else 0))
+        ops = [Put(keys.replica(job_id, r.rank), r.status().SerializeToString()) for r in replicas]
+        try:
+            revision = await self.store.txn(ops, expect=expect)
+        except Conflict as error:
+            self._log.info("launch_raced", job_id=job_id, key=error.key.decode())
+            return False
+        # From here to the spawns nothing awaits: a claimed status always gets its process.
+        self._launched[job_id] = generation
+        if current.allocation.nodes[0] == self.node_name:
+            self._master_ports[(job_id, generation)] = plans[0].master_port
+        for plan, replica in zip(plans, replicas, strict=True):
+            replica.status_revision = revision
+            self._replicas[replica.key] = replica
+            contract = contract_env(
+                plan,
+                job_id=job_id,
+                generation=generation,
+                agent_addrs=agent_addrs,
+                checkpoint_dir=str(checkpoint_dir),
+                cuda=self.inventory.cuda,
+            )
+            launch = LaunchSpec(
+                command=list(spec.command),
+                env=replica_env(self._environ, spec, contract),
+                cwd=spec.working_dir or _optional(self.config.default_working_dir),
+                log_path=self.config.log_root / job_id / f"{generation}-{plan.rank}.log",
+            )
+            self._spawn(self._supervise(replica, launch))
+        self._log.info(
+            "replicas_launching",
+            job_id=job_id,
+            generation=generation,
+            ranks=[p.rank for p in plans],
+            master=f"{plans[0].master_addr}:{plans[0].master_port}",
+            agents=agent_addrs,
+        )
+        return True
+
+    def _free_slots(self) -> list[int]:
+        held = {r.slot for r in self._replicas.values() if r.alive}
+        return [slot for slot in self.inventory.slots if slot not in held]
+
+    def _master_port(self, job_id: str, allocation: pb.Allocation) -> int:
+        """MASTER_PORT for a generation (see placement's module docstring for the derivation).
+
+        Only the launcher of rank 0's node can see whether the port is free, and only when the
+        job is entirely local can it move to another port without telling anyone, so that is
+        the one case that probes: a multi-node job keeps the derived port (every node derives
+        the same one), and a busy port shows up as a failed replica that the scheduler
+        re-allocates — with a new generation, hence a new port.
+        """
+        candidates = master_ports(job_id, allocation.generation, self.config.port_range)
+        derived = next(candidates)
+        if allocation.nodes[0] != self.node_name:
+            return derived
+        taken = {
+            port
+            for (other, _), port in self._master_ports.items()
+            if other != job_id and self._job_alive(other)
+        }
+        if set(allocation.nodes) != {self.node_name}:
+            if derived in taken or not _port_free(derived):
+                self._log.warning("master_port_busy", job_id=job_id, port=derived)
+            return derived
+        for port in itertools.islice(itertools.chain([derived], candidates), _PORT_PROBES):
+            if port not in taken and _port_free(port):
+                return port
+        self._log.warning("master_port_busy", job_id=job_id, port=derived)
+        return derived
+
+    def _job_alive(self, job_id: str) -> bool:
+        return any(r.alive and r.job_id == job_id for r in self._replicas.values())
+
+    def _prune(self) -> None:
+        """Forget the oldest reported exits beyond `replica_history`, and stale port records."""
+        done = sorted(
+            (r for r in self._replicas.values() if not r.alive and r.exit_reported),
+            key=lambda r: r.exited_at or 0.0,
+        )
+        for replica in done[: max(0, len(done) - self.config.replica_history)]:
+            del self._replicas[replica.key]
+        for job_id, generation in list(self._master_ports):
+            if not any(
+                r.alive and r.job_id == job_id and r.generation == generation
+                for r in self._replicas.values()
+            ):
+                del self._master_ports[(job_id, generation)]
+        REPLICAS_RUNNING.set(sum(r.alive for r in self._replicas.values()))
+
+    # -- replica supervision -------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _stop(self, replica: Replica, reason: str) -> asyncio.Task[int]:
+        task = self._stops.get(replica.key)
+        if task is None:
+            self._log.info(
+                "replica_stop_requested",
+                job_id=replica.job_id,
+                generation=replica.generation,
+                rank=replica.rank,
+                reason=reason,
+            )
+            task = asyncio.create_task(replica.stop())
+            self._stops[replica.key] = task
+            task.add_done_callback(lambda _: self._stops.pop(replica.key, None))
+        return task
+
+    async def _supervise(self, replica: Replica, launch: LaunchSpec) -> None:
+        """Run one replica to its reported exit."""
+        await replica.start(launch)
+        if replica.pid:
+            REPLICAS_STARTED.inc()
+            with contextlib.suppress(StoreError):  # the pid is informative; the exit is not
+                replica.status_revision = await self._write_status(
+                    replica.status(), expected=replica.status_revision
+                )
+        code = await replica.wait()
+        REPLICA_EXITS.labels(exit_outcome(code)).inc()
+        await self._report_exit(replica.status(), expected=replica.status_revision)
+        replica.exit_reported = True
+        self._wake.set()
+
+    async def _write_status(self, status: pb.ReplicaStatus, *, expected: int) -> int:
+        """Write a status if its key is still at mod revision `expected`; the new revision."""
+        key = self.store.keys.replica(status.job_id, status.rank)
+        return await self.store.txn(
+            [Put(key, status.SerializeToString())], expect=[Expect(key, expected)]
+        )
+
+    async def _report_exit(self, status: pb.ReplicaStatus, *, expected: int) -> None:
+        """Write an exit status until etcd takes it, or a newer writer owns the key."""
+        fields = {"job_id": status.job_id, "generation": status.generation, "rank": status.rank}
+        delay = 0.25
+        while True:
+            try:
+                await self._write_status(status, expected=expected)
+            except Conflict:
+                self._log.info("replica_status_superseded", **fields)
+                return
+            except StoreError as error:
+                self._log.warning("replica_status_failed", error=str(error), **fields)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            self._log.info(
+                "replica_reported",
+                exit_code=status.exit_code,
+                outcome=exit_outcome(status.exit_code),
+                **fields,
+            )
+            return
+
+    # -- orphans -------------------------------------------------------------------------------
+
+    def _adopt_if_orphan(self, entry: Entry[pb.ReplicaStatus]) -> None:
+        status = entry.value
+        key = (status.job_id, status.generation, status.rank)
+        if (
+            status.node != self.node_name
+            or status.phase == "exited"
+            or key in self._replicas
+            or key in self._orphans
+        ):
+            return
+        self._orphans.add(key)
+        self._log.warning(
+            "orphan_replica",
+            job_id=status.job_id,
+            generation=status.generation,
+            rank=status.rank,
+            pid=status.pid,
+        )
+        self._spawn(self._reap(entry))
+
+    async def _reap(self, entry: Entry[pb.ReplicaStatus]) -> None:
+        """Stop a previous launcher process's replica and close its status."""
+        status = pb.ReplicaStatus()
+        status.CopyFrom(entry.value)
+        code = PLANNED_STOP
+        if status.pid and _is_replica(status.pid, status.job_id, status.generation):
+            code = await _stop_foreign(status.pid, self.config.default_stop_grace_s)
+        status.phase = "exited"
+        status.exit_code = code
+        status.time.GetCurrentTime()
+        await self._report_exit(status, expected=entry.mod_revision)
+        self._orphans.discard((status.job_id, status.generation, status.rank))
+        self._wake.set()
+
+    # -- queries (servicer) --------------------------------------------------------------------
+
+    def replicas(self, job_id: str = "") -> list[Replica]:
+        """Replicas this node runs or ran recently, newest generation first."""
+        chosen = [r for r in self._replicas.values() if not job_id or r.job_id == job_id]
+        return sorted(chosen, key=lambda r: (-r.generation, r.job_id, r.rank))
+
+    def find(self, job_id: str, rank: int) -> Replica | None:
+        """The newest replica of (job, rank) on this node, or None."""
+        for replica in self.replicas(job_id):
+            if replica.rank == rank:
+                return replica
+        return None
+
+
+def _id(member: pb.Member) -> str:
+    return member.id
+
+
+def _optional(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on (or holds) `port` on any local address right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def _is_replica(pid: int, job_id: str, generation: int) -> bool:
+    """Whether `pid` is (still) a replica of (job, generation), by its environment.
+
+    Guards against signalling an unrelated process that reused the pid of a dead replica.
+    """
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return (
+        f"POLLUX_JOB_ID={job_id}".encode() in environ
+        and f"POLLUX_ALLOCATION_GEN={generation}".encode() in environ
+    )
+
+
+async def _stop_foreign(pid: int, grace_s: float) -> int:
+    """SIGTERM, grace, SIGKILL a process group this process did not start; its exit code.
+
+    Not our child, so its real exit code is unknowable: a stop within the grace period
+    reports 143 (planned), a kill reports -9.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _exists(pid):
+            return PLANNED_STOP
+        await asyncio.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return -int(signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,344 @@
+"""One replica process: start, capture its output, stop it gracefully, report its exit.
+
+The command runs without a shell in a new session (its own process group), so a stop signal
+reaches every process the replica spawned (data-loader workers, torchrun children) and a
+launcher signal (Ctrl-C in a terminal) does not reach the replica. stdout and stderr are
+merged and pumped line by line into a bounded in-memory ring (StreamLogs) and an unbounded
+log file under the log root.
+
+Stopping is SIGTERM to the group, `grace_s` to checkpoint and exit (the training library exits
+143), then SIGKILL. A replica the launcher stopped that died of SIGTERM itself (no handler)
+reports 143 too: it was a planned stop, not a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+PLANNED_STOP = 143
+"""Exit code of a replica that stopped on SIGTERM (128 + 15), as the scheduler expects."""
+SPAWN_FAILED = 127
+"""Exit code reported when the command could not be started (as a shell reports it)."""
+_MAX_LINE = 64 * 1024
+"""Longer lines are split, so one runaway line cannot exhaust memory."""
+_CHUNK_LINES = 512
+"""Most lines per follow batch (one StreamLogs message)."""
+_DRAIN_S = 5.0
+"""How long output is drained after the process exits."""
+
+
+class LogRing:
+    """The last `capacity` lines of a replica's output, with followers.
+
+    Lines are numbered from 0 in arrival order; a follower keeps a cursor (the number of the
+    next line it wants) and, when it falls behind the ring, skips to the oldest retained line.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._lines: deque[str] = deque(maxlen=capacity)
+        self._next = 0
+        self._closed = False
+        self._changed = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        """Whether no more lines will come (the replica exited and its output is drained)."""
+        return self._closed
+
+    def append(self, line: str) -> None:
+        """Add a line and wake followers."""
+        self._lines.append(line)
+        self._next += 1
+        self._wake()
+
+    def close(self) -> None:
+        """Mark the end of output and wake followers so they finish."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def tail(self, count: int) -> tuple[list[str], int]:
+        """The last `count` retained lines (0: all) and the cursor after them."""
+        lines = list(self._lines)
+        if count:
+            lines = lines[-count:]
+        return lines, self._next
+
+    def since(self, cursor: int) -> tuple[list[str], int]:
+        """Retained lines numbered >= `cursor` (at most one batch) and the next cursor."""
+        first = self._next - len(self._lines)
+        start = max(cursor, first)
+        lines = list(itertools.islice(self._lines, start - first, start - first + _CHUNK_LINES))
+        return lines, start + len(lines)
+
+    async def follow(self, cursor: int) -> AsyncIterator[list[str]]:
+        """Batches of lines from `cursor` on, until the ring is closed and drained."""
+        while True:
+            changed = self._changed  # taken before reading, so no append is missed
+            lines, cursor = self.since(cursor)
+            if lines:
+                yield lines
+            elif self._closed:
+                return
+            else:
+                await changed.wait()
+
+
+def batches(lines: Sequence[str], max_bytes: int = 1 << 20) -> Iterator[list[str]]:
+    """Split lines into batches of at most `max_bytes` (one gRPC message each; at least a line).
+
+    gRPC's default message limit is 4 MiB and a ring can hold far more than that.
+    """
+    batch: list[str] = []
+    size = 0
+    for line in lines:
+        if batch and size + len(line) > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(line)
+        size += len(line) + 1
+    if batch:
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """How to start a replica.
+
+    Attributes:
+        command: argv, argv[0] first (no shell).
+        env: The complete environment.
+        cwd: Working directory, or None for the launcher's.
+        log_path: File the output is appended to.
+    """
+
+    command: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str | None
+    log_path: Path
+
+
+class Replica:
+    """A job replica on this node, from start to reported exit.
+
+    Args:
+        job_id: The job.
+        generation: Allocation generation it runs for.
+        rank: Global rank.
+        node: This node's name (for status reports).
+        slot: Device index it holds while alive.
+        grace_s: Seconds between SIGTERM and SIGKILL when stopped.
+        ring_lines: Output lines kept in memory.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        generation: int,
+        rank: int,
+        node: str,
+        slot: int,
+        grace_s: float,
+        ring_lines: int,
+    ) -> None:
+        self.job_id = job_id
+        self.generation = generation
+        self.rank = rank
+        self.node = node
+        self.slot = slot
+        self.grace_s = grace_s
+        self.log = LogRing(ring_lines)
+        self.pid = 0
+        self.exit_code: int | None = None
+        self.started_at = time.time()
+        self.exited_at: float | None = None
+        self.stop_requested = False
+        self.status_revision = 0
+        """Mod revision of this replica's last status write (0: none yet)."""
+        self.exit_reported = False
+        self._process: asyncio.subprocess.Process | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._exited = asyncio.Event()
+        self._started = asyncio.Event()
+        self._starting = False
+        self._terminated = False
+        self._log = log.bind(job_id=job_id, generation=generation, rank=rank)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """(job_id, generation, rank): unique on a node."""
+        return (self.job_id, self.generation, self.rank)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the replica holds its slot: started or starting, and not yet exited."""
+        return self.exit_code is None
+
+    def status(self) -> pb.ReplicaStatus:
+        """The replica's status as reported to etcd and ListReplicas."""
+        status = pb.ReplicaStatus(
+            job_id=self.job_id,
+            node=self.node,
+            rank=self.rank,
+            generation=self.generation,
+            phase="running" if self.exit_code is None else "exited",
+            exit_code=self.exit_code or 0,
+            pid=self.pid,
+        )
+        status.time.FromNanoseconds(int((self.exited_at or self.started_at) * 1e9))
+        return status
+
+    async def start(self, spec: LaunchSpec) -> None:
+        """Start the process and its output pump.
+
+        A command that cannot be started (missing binary or working directory) becomes an
+        exited replica with code 127 and the reason in its log, rather than an exception:
+        the scheduler decides what a failed replica means.
+        """
+        self._starting = True
+        try:
+            await self._spawn(spec)
+        finally:
+            self._started.set()
+
+    async def _spawn(self, spec: LaunchSpec) -> None:
+        if self.stop_requested:  # stopped before it started: it never runs
+            self._finish(PLANNED_STOP)
+            return
+        try:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            sink = spec.log_path.open("a", encoding="utf-8", errors="replace")
+        except OSError as error:
+            self.log.append(f"pollux-launcher: cannot open {spec.log_path}: {error}")
+            self._log.error("replica_log_unwritable", error=str(error))
+            self._finish(SPAWN_FAILED)
+            return
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *spec.command,
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            message = f"pollux-launcher: cannot start {list(spec.command)!r}: {error}"
+            sink.write(message + "\n")
+            sink.close()
+            self.log.append(message)
+            self._log.warning("replica_spawn_failed", error=str(error))
+            self._finish(SPAWN_FAILED)
+            return
+        self.pid = self._process.pid
+        self.started_at = time.time()
+        self._pump = asyncio.create_task(self._run(self._process, sink))
+        self._log.info("replica_started", pid=self.pid, slot=self.slot)
+
+    async def _run(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
+        reader = asyncio.create_task(self._read(process, sink))
+        try:
+            code = await process.wait()
+            # Leftovers of the group (workers of a crashed replica) must not outlive it; killing
+            # them also closes their copies of the pipe, so the reader sees the end of output.
+            _signal_group(process.pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(asyncio.shield(reader), _DRAIN_S)
+            except TimeoutError:  # a process that left the group still holds the pipe
+                reader.cancel()
+        finally:
+            sink.close()
+        if code == -signal.SIGTERM and self.stop_requested:
+            code = PLANNED_STOP
+        self._finish(code)
+        self._log.info("replica_exited", exit_code=code, stop_requested=self.stop_requested)
+
+    async def _read(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
+        stream = process.stdout
+        if stream is None:
+            return
+        pending = b""
+        while chunk := await stream.read(65536):
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            while len(pending) > _MAX_LINE:
+                complete.append(pending[:_MAX_LINE])
+                pending = pending[_MAX_LINE:]
+            self._emit(complete, sink)
+        if pending:
+            self._emit([pending], sink)
+
+    def _emit(self, raw_lines: list[bytes], sink: IO[str]) -> None:
+        for raw in raw_lines:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r")
+            self.log.append(line)
+            sink.write(line + "\n")
+        sink.flush()
+
+    def _finish(self, code: int) -> None:
+        self.exit_code = code
+        self.exited_at = time.time()
+        self.log.close()
+        self._exited.set()
+
+    async def wait(self) -> int:
+        """Wait for the exit (and the end of its output); returns the exit code."""
+        await self._exited.wait()
+        return self.exit_code if self.exit_code is not None else SPAWN_FAILED
+
+    async def stop(self, grace_s: float | None = None) -> int:
+        """SIGTERM the group, wait `grace_s` (default: the replica's), SIGKILL; return the code.
+
+        Idempotent: a second call waits for the first one's outcome. A replica stopped before
+        `start` never runs and reports a planned stop.
+        """
+        if self.exit_code is not None:
+            return self.exit_code
+        self.stop_requested = True
+        if self._process is None:
+            if not self._starting:
+                self._finish(PLANNED_STOP)
+                return PLANNED_STOP
+            await self._started.wait()  # the spawn in flight finishes first
+            if self._exited.is_set():
+                return await self.wait()
+        grace = self.grace_s if grace_s is None else grace_s
+        if not self._terminated:
+            self._terminated = True
+            self._log.info("replica_stopping", grace_s=grace)
+            _signal_group(self.pid, signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.wait()), grace)
+        except TimeoutError:
+            self._log.warning("replica_killed", grace_s=grace)
+            _signal_group(self.pid, signal.SIGKILL)
+            return await self.wait()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal a replica's process group (its pid: it leads its own session)."""
+    if pid <= 0:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

@@ -1,0 +1,142 @@
+"""`python -m pollux.launcher.main` as a real process: health, registration, SIGTERM, bad config."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pollux.service.store import Delete, Store
+from pollux.v1 import types_pb2 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # tests/e2e is not a package (no __init__.py) yet
+    sys.path.insert(0, str(REPO))
+from tests.etcd_server import EtcdServer  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def store(etcd: EtcdServer) -> AsyncIterator[Store]:
+    root = f"/pollux-e2e/{uuid.uuid4().hex[:12]}"
+    store = await Store.connect(etcd.endpoint, root)
+    try:
+        yield store
+    finally:
+        await store.txn([Delete(root.encode() + b"/", prefix=True)])
+        await store.close()
+
+
+def launch(etcd: EtcdServer, store: Store, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "POLLUX_LAUNCHER_ETCD__ROOT": store.keys.root}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pollux.launcher.main",
+            "--etcd",
+            etcd.endpoint,
+            "--node-name",
+            "e2e-node",
+            "--listen",
+            "127.0.0.1:0",
+            "--checkpoint-root",
+            str(tmp_path / "ck"),
+            "--log-root",
+            str(tmp_path / "logs"),
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+async def wait_for(check, timeout: float = 15.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
+    etcd: EtcdServer, store: Store, tmp_path: Path
+) -> None:
+    process = launch(etcd, store, tmp_path, "--gpus", "2")
+    try:
+
+        async def registered() -> pb.Node | None:
+            nodes, _ = await store.list_nodes()
+            return nodes[0].value if nodes else None
+
+        node = await wait_for(registered)
+        assert (node.name, node.gpus, node.gpu_type) == ("e2e-node", 2, "cpu-slot")
+
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "pollux.v1.LauncherService"):
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        # A running replica is stopped gracefully on shutdown, and its exit recorded.
+        spec = pb.JobSpec(
+            name="sleep", command=[sys.executable, "-c", "import time; time.sleep(60)"]
+        )
+        await store.create_job(pb.Job(id="j-e2e", request_id="r-e2e", spec=spec))
+        await store.put(
+            store.keys.allocation("j-e2e"), pb.Allocation(nodes=["e2e-node"], generation=1)
+        )
+
+        async def running() -> bool:
+            entries, _ = await store.list_replica_statuses("j-e2e")
+            return (
+                bool(entries) and entries[0].value.phase == "running" and entries[0].value.pid > 0
+            )
+
+        await wait_for(running)
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.to_thread(process.communicate, timeout=30)
+        assert process.returncode == 0, output
+        assert (await store.list_nodes())[0] == []
+        entries, _ = await store.list_replica_statuses("j-e2e")
+        assert (entries[0].value.phase, entries[0].value.exit_code) == ("exited", 143)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def test_bad_configuration_lists_every_problem_and_exits_2(
+    etcd: EtcdServer, store: Store, tmp_path: Path
+) -> None:
+    process = launch(etcd, store, tmp_path, "--gpus", "0", "--etcd", "no-port")
+    output, _ = await asyncio.to_thread(process.communicate, timeout=30)
+    assert process.returncode == 2, output
+    assert "gpus" in output
+    assert "etcd.endpoint" in output
+    assert (await store.list_nodes())[0] == []
