@@ -333,19 +333,25 @@ class Store:
         A broken watch stream is re-established from the last revision seen, so no change is
         missed or repeated; a compacted start revision raises `StoreError` (re-list and retry).
         """
-        next_revision = start_revision
+        # Events of one transaction share a revision, so progress is (revision, keys seen at
+        # it): a re-established watch restarts at the last revision and skips what was seen.
+        last_revision = start_revision - 1
+        seen: set[bytes] = set()
         while True:
             try:
-                stream = await self._client.watch_prefix(prefix, start_revision=next_revision)
+                stream = await self._client.watch_prefix(
+                    prefix, start_revision=max(last_revision, start_revision)
+                )
                 async for event in stream:
-                    kind = event.kind
                     kv = event.kv
-                    revision = int(kv.mod_revision)
-                    if revision < next_revision:
+                    key, revision = bytes(kv.key), int(kv.mod_revision)
+                    if revision < last_revision or (revision == last_revision and key in seen):
                         continue
-                    next_revision = revision + 1
-                    value = None if kind == aetcd.rtypes.EventKind.DELETE else bytes(kv.value)
-                    yield WatchEvent(bytes(kv.key), value, revision)
+                    if revision > last_revision:
+                        last_revision, seen = revision, set()
+                    seen.add(key)
+                    deleted = event.kind == aetcd.rtypes.EventKind.DELETE
+                    yield WatchEvent(key, None if deleted else bytes(kv.value), revision)
             except aetcd.exceptions.RevisionCompactedError as error:
                 raise StoreError(f"watch of {prefix.decode()}: {error}") from error
             except (aetcd.exceptions.ClientError, rpc.AioRpcError) as error:

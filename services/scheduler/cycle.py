@@ -359,6 +359,6 @@ def _predicted_oracle(model: GoodputModel | None, top: int) -> OracleInfo:
 
 
 def describe_state(job: pb.Job) -> str:
-    """ "RUNNING on 4 GPUs" style summary for logs."""
+    """A "RUNNING on 4 GPUs" style summary for logs."""
     gpus = len(job.allocation.nodes)
     return f"{state_name(job.state)} on {gpus} GPU{'s' if gpus != 1 else ''}"

@@ -97,12 +97,10 @@ class Election:
         """
         store = self.store
         value = self.member.SerializeToString()
-        try:
+        with contextlib.suppress(StoreError):  # already campaigning: the key exists
             await store.txn(
                 [Put(self.key, value, self.session.lease_id)], expect=[Expect(self.key, 0)]
             )
-        except StoreError:
-            pass  # already campaigning with this lease: the key exists
         while True:
             if self.session.lost.is_set():
                 raise LeadershipLost()

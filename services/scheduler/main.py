@@ -45,6 +45,7 @@ def parse_config(argv: Sequence[str] | None) -> SchedulerConfig:
     parser.add_argument("--policy", help="pollux, optimus or tiresias")
     parser.add_argument("--interval", type=float, help="seconds between rounds")
     parser.add_argument("--lease-ttl", type=int, help="leadership lease TTL in seconds")
+    parser.add_argument("--restart-delay", type=float, help="re-allocation cost in seconds")
     args = parser.parse_args(argv)
     config = load(SchedulerConfig, args.config, "POLLUX_SCHEDULER")
     etcd = dataclasses.replace(
@@ -65,7 +66,15 @@ def parse_config(argv: Sequence[str] | None) -> SchedulerConfig:
     )
     scheduling = dataclasses.replace(
         config.scheduling,
-        **{k: v for k, v in (("policy", args.policy), ("interval_s", args.interval)) if v},
+        **{
+            k: v
+            for k, v in (
+                ("policy", args.policy),
+                ("interval_s", args.interval),
+                ("restart_delay_s", args.restart_delay),
+            )
+            if v is not None
+        },
     )
     config = dataclasses.replace(
         config,

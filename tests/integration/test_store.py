@@ -115,3 +115,20 @@ async def test_profile_of_a_deleted_job_is_not_written(store: Store) -> None:
     with pytest.raises(Conflict):
         await store.save_profile_and_model(profile, None, expected=0)
     assert await store.get_profile("gone") is None
+
+
+async def test_watch_delivers_every_key_of_one_transaction(store: Store) -> None:
+    _, revision = await store.list_jobs()
+    keys = [store.keys.job(f"t-{i}") for i in range(3)]
+    seen: list[bytes] = []
+
+    async def consume() -> None:
+        async for event in store.watch(store.keys.prefix("jobs"), start_revision=revision + 1):
+            seen.append(event.key)
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(consume())
+    await store.txn([Put(k, b"") for k in keys])
+    await asyncio.wait_for(task, 10)
+    assert seen == keys

@@ -1,0 +1,48 @@
+"""Follow a submitted job on a local cluster and print its progress live (`pollux-up --demo`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from pollux.client import Client, JobSpec
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
+    """Submit `job_file`, print every state, allocation and batch change until it ends.
+
+    Returns:
+        0 if the job succeeded, 1 otherwise.
+    """
+    spec = JobSpec.from_file(job_file)
+    with Client(servers.split(",")) as client:
+        job = client.submit(spec)
+        print(f"submitted {job.id} ({spec.name}); follow with: pollux-cli describe {job.id}")
+        last = ""
+        started = time.monotonic()
+        while True:
+            job = client.get_job(job.id)
+            explanation = client.explain(job.id)
+            gpus = len(job.allocation.nodes) if job.allocation else 0
+            batch = explanation.batch
+            batch_text = (
+                f"batch {batch.total_batch_size} ({batch.local_batch_size}×{batch.accum_steps})"
+                if batch is not None
+                else "batch -"
+            )
+            line = f"{job.state:<10} {gpus} GPU(s)  {batch_text}  restarts {job.restarts}"
+            if line != last:
+                print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+                last = line
+            if job.state in TERMINAL:
+                for t in job.history:
+                    print(f"  {t.state:<10} {t.reason}")
+                return 0 if job.state == "SUCCEEDED" else 1
+            time.sleep(poll_s)
+
+
+if __name__ == "__main__":
+    sys.exit(follow_demo(sys.argv[1], Path(sys.argv[2])))

@@ -1,0 +1,336 @@
+"""`pollux-up`: a whole Pollux cluster on one machine, as real processes.
+
+Starts a real etcd (Debian's `etcd-server`), scheduler replicas (one leads), an agent and
+NodeLaunchers with CPU "GPU slots", each a separate process on loopback ports, then (with
+`--demo`) submits the sample elastic training job and shows live progress until it completes.
+Ctrl-C stops everything. The end-to-end tests and the control-plane benchmark use the same
+`LocalCluster` class.
+
+    pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--demo] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pollux.service.demo import follow_demo
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    """Wait until something listens on a loopback port, or fail naming the process."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s")
+
+
+@dataclass
+class Proc:
+    """A started service process."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        """Its gRPC address."""
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class LocalCluster:
+    """Real etcd + scheduler replicas + agents + launchers on loopback.
+
+    Attributes:
+        workdir: Directory for etcd data, service logs, replica logs and checkpoints.
+        nodes: Launchers (nodes) to start.
+        gpus_per_node: CPU slots per node.
+        schedulers: Scheduler replicas.
+        agents: Agents.
+        interval_s: Scheduling interval.
+        lease_ttl_s: Scheduler leadership lease TTL.
+        restart_delay_s: Re-allocation cost the Pollux policy assumes (restarts are quick on
+            one machine; a GPU cluster's default is 30 s).
+    """
+
+    workdir: Path
+    nodes: int = 2
+    gpus_per_node: int = 2
+    schedulers: int = 2
+    agents: int = 1
+    interval_s: float = 5.0
+    lease_ttl_s: int = 3
+    restart_delay_s: float = 3.0
+    etcd: Proc | None = None
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def etcd_endpoint(self) -> str:
+        """host:port of etcd."""
+        assert self.etcd is not None, "cluster not started"
+        return self.etcd.address
+
+    @property
+    def scheduler_addresses(self) -> list[str]:
+        """The gRPC addresses of every live scheduler replica."""
+        return [
+            p.address
+            for name, p in sorted(self.procs.items())
+            if name.startswith("scheduler") and p.process.poll() is None
+        ]
+
+    def start(self) -> LocalCluster:
+        """Start every process and wait until each listens."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        try:
+            self._start_etcd()
+            for i in range(self.schedulers):
+                self.start_scheduler(f"scheduler-{i}")
+            for i in range(self.agents):
+                self.start_agent(f"agent-{i}")
+            for i in range(self.nodes):
+                self.start_launcher(f"node-{i}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(
+        self, name: str, argv: list[str], port: int, env: dict[str, str] | None = None
+    ) -> Proc:
+        log = self.workdir / "logs" / f"{name}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        proc = Proc(name, process, port, log)
+        wait_for_port(port, process, name, timeout=30)
+        return proc
+
+    def _start_etcd(self) -> None:
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("etcd is not installed: apt-get install etcd-server")
+        client, peer = free_port(), free_port()
+        data = self.workdir / "etcd"
+        self.etcd = self._spawn(
+            "etcd",
+            [
+                etcd,
+                "--name=pollux-local",
+                f"--data-dir={data}",
+                f"--listen-client-urls=http://127.0.0.1:{client}",
+                f"--advertise-client-urls=http://127.0.0.1:{client}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=pollux-local=http://127.0.0.1:{peer}",
+                "--max-txn-ops=1024",
+                "--log-level=error",
+            ],
+            client,
+        )
+
+    def start_scheduler(self, name: str) -> Proc:
+        """Start (or restart) a scheduler replica."""
+        port = free_port()
+        proc = self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "pollux.scheduler.main",
+                "--etcd",
+                self.etcd_endpoint,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--id",
+                name,
+                "--interval",
+                str(self.interval_s),
+                "--lease-ttl",
+                str(self.lease_ttl_s),
+                "--restart-delay",
+                str(self.restart_delay_s),
+            ],
+            port,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_agent(self, name: str) -> Proc:
+        """Start an agent."""
+        port = free_port()
+        proc = self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "pollux.agent.main",
+                "--etcd",
+                self.etcd_endpoint,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--id",
+                name,
+            ],
+            port,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_launcher(self, name: str) -> Proc:
+        """Start a launcher for node `name`."""
+        port = free_port()
+        proc = self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "pollux.launcher.main",
+                "--etcd",
+                self.etcd_endpoint,
+                "--node-name",
+                name,
+                "--gpus",
+                str(self.gpus_per_node),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--checkpoint-root",
+                str(self.workdir / "checkpoints"),
+                "--log-root",
+                str(self.workdir / "replica-logs"),
+            ],
+            port,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send a signal to a service process (kill -9 by default) and reap it."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.process.wait(30)
+
+    def stop(self) -> None:
+        """SIGTERM every process (launchers first, so replicas checkpoint), then etcd."""
+        order = sorted(self.procs, key=lambda n: (not n.startswith("node"), n))
+        for name in order:
+            proc = self.procs[name].process
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for name in order:
+            proc = self.procs[name].process
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.etcd is not None and self.etcd.process.poll() is None:
+            self.etcd.process.terminate()
+            try:
+                self.etcd.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.etcd.process.kill()
+                self.etcd.process.wait()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+DEMO_JOB = Path(__file__).resolve().parents[2] / "examples" / "elastic_job.yaml"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of `pollux-up`."""
+    parser = argparse.ArgumentParser(prog="pollux-up", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2, help="launchers (nodes) to start")
+    parser.add_argument("--gpus", type=int, default=2, help="CPU 'GPU slots' per node")
+    parser.add_argument("--schedulers", type=int, default=2, help="scheduler replicas")
+    parser.add_argument("--agents", type=int, default=1, help="agents")
+    parser.add_argument("--interval", type=float, default=5.0, help="scheduling interval, s")
+    parser.add_argument("--workdir", type=Path, help="state directory (default: a temp dir)")
+    parser.add_argument(
+        "--demo",
+        nargs="?",
+        const=str(DEMO_JOB),
+        metavar="JOB_FILE",
+        help="submit a job file (default: the sample elastic job) and follow it",
+    )
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-up-"))
+    cluster = LocalCluster(
+        workdir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus,
+        schedulers=args.schedulers,
+        agents=args.agents,
+        interval_s=args.interval,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"starting a local cluster in {workdir} ...", flush=True)
+    try:
+        cluster.start()
+    except RuntimeError as error:
+        print(f"pollux-up: {error}", file=sys.stderr)
+        return 1
+    servers = ",".join(cluster.scheduler_addresses)
+    print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {workdir / 'logs'}")
+    print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
+    try:
+        if args.demo:
+            return follow_demo(servers, Path(args.demo))
+        print("Ctrl-C stops it", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        print("stopping the cluster ...", flush=True)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""A small real job for end-to-end tests: counts steps, checkpoints on SIGTERM, resumes.
+
+Each step sleeps STEP_S seconds. Rank 0 owns the checkpoint (the step reached), written to a
+temporary file and renamed. On SIGTERM it saves and exits 143 (a planned stop); at TOTAL steps
+it exits 0. Rank 0 reports synthetic step times (faster with more replicas) and gradient
+statistics to its agent over gRPC, so the agent fits a model and the scheduler scales the job.
+Every rank appends "<generation> <rank> <world> <start-step>" to starts.log in the
+checkpoint directory, so a test can see each restart and what it resumed from.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+TOTAL = int(os.environ.get("COUNTER_TOTAL", "40"))
+STEP_S = float(os.environ.get("COUNTER_STEP_S", "0.1"))
+
+
+def report(seq: int, world: int, nodes: int) -> None:
+    """Send one ReportMetrics to the job's agent; failures are ignored (training goes on)."""
+    import grpc
+
+    from pollux.v1 import agent_service_pb2 as apb
+    from pollux.v1 import agent_service_pb2_grpc as apb_grpc
+    from pollux.v1 import types_pb2 as pb
+
+    address = os.environ.get("POLLUX_AGENT_ADDR", "").split(",")[0]
+    if not address:
+        return
+    # A job that scales well: compute 0.2 s per 32 samples, sync grows slowly with replicas.
+    optim = 0.2 + 0.01 * (world - 1)
+    request = apb.ReportMetricsRequest(
+        job_id=os.environ["POLLUX_JOB_ID"],
+        generation=int(os.environ["POLLUX_ALLOCATION_GEN"]),
+        rank=0,
+        seq=seq,
+        observations=[
+            pb.StepObservation(
+                num_nodes=nodes,
+                num_replicas=world,
+                local_batch_size=32,
+                accum_steps=1,
+                accum_step_time_s=0.19,
+                optim_step_time_s=optim,
+                count=10,
+            )
+        ],
+        gradient=pb.GradientStats(sqr=1.0, var=50.0),
+    )
+    try:
+        with grpc.insecure_channel(address) as channel:
+            apb_grpc.AgentServiceStub(channel).ReportMetrics(request, timeout=2)
+    except grpc.RpcError as error:
+        print(f"report failed: {error.code().name}", flush=True)
+
+
+def main() -> int:
+    ckpt_dir = Path(os.environ["POLLUX_CHECKPOINT_DIR"])
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    generation = os.environ["POLLUX_ALLOCATION_GEN"]
+    ckpt = ckpt_dir / "step"
+    step = int(ckpt.read_text()) if ckpt.exists() else 0
+    with (ckpt_dir / "starts.log").open("a") as log:
+        log.write(f"{generation} {rank} {world} {step}\n")
+    stop = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while step < TOTAL:
+        if stop:
+            if rank == 0:
+                tmp = ckpt.with_suffix(".tmp")
+                tmp.write_text(str(step))
+                os.replace(tmp, ckpt)
+            print(f"rank {rank}: checkpointed at step {step}", flush=True)
+            return 143
+        time.sleep(STEP_S)
+        step += 1
+        if step % 10 == 0:
+            print(f"rank {rank}/{world} gen {generation}: step {step}", flush=True)
+            if rank == 0:
+                nodes = int(os.environ.get("POLLUX_NUM_NODES", "1"))
+                report(step // 10, world, nodes)
+    if rank == 0:
+        tmp = ckpt.with_suffix(".tmp")
+        tmp.write_text(str(step))
+        os.replace(tmp, ckpt)
+    print(f"rank {rank}: done at step {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
