@@ -42,7 +42,20 @@ ensure_venv() {
     local target="$POLLUX_ROOT"
     [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
     echo "==> installing pollux${extras:+[$extras]} into .venv" >&2
+    if [[ ",$extras," == *",train,"* ]]; then
+      # Exactly this version first: pip then takes the CPU build where the machine provides
+      # one, and the train extra's range (which 2.13.0 satisfies) installs nothing more.
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+    fi
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$target"
     echo "$want" >"$stamp"
+  fi
+}
+
+ensure_etcd() {
+  # The control plane keeps its state in etcd; tests and the local cluster run a real one.
+  if ! command -v etcd >/dev/null; then
+    echo "==> installing etcd-server (Debian package)" >&2
+    apt_install etcd-server
   fi
 }

@@ -24,6 +24,9 @@ from pollux.service.keys import DEFAULT_ROOT, Keys
 from pollux.v1 import types_pb2 as pb
 
 M = TypeVar("M", bound=Message)
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+LARGE_SCAN = 256
+"""Scans with more values than this are decoded off the event loop."""
 log = structlog.get_logger(__name__)
 
 
@@ -190,7 +193,13 @@ class Store:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"etcd endpoint {endpoint!r} must be host:port")
-        client = aetcd.Client(host=host, port=int(port), timeout=timeout_s)
+        # Large clusters list thousands of jobs in one range; gRPC's 4 MiB default is too small.
+        client = aetcd.Client(
+            host=host,
+            port=int(port),
+            timeout=timeout_s,
+            options={"grpc.max_receive_message_length": MAX_MESSAGE_BYTES},
+        )
         try:
             await client.connect()
         except aetcd.exceptions.ClientError as error:
@@ -242,7 +251,12 @@ class Store:
             "Range",
             rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix), revision=revision),
         )
-        return [self._entry(kv, cls) for kv in response.kvs], int(response.header.revision)
+        if len(response.kvs) > LARGE_SCAN:
+            # Decoding thousands of values would stall every other request on this loop.
+            entries = await asyncio.to_thread(lambda: [self._entry(kv, cls) for kv in response.kvs])
+        else:
+            entries = [self._entry(kv, cls) for kv in response.kvs]
+        return entries, int(response.header.revision)
 
     async def list_keys(self, prefix: bytes) -> list[bytes]:
         """Keys under a prefix (no values)."""

@@ -44,6 +44,8 @@ from pollux.scheduler.lifecycle import ACTIVE, S, state_name, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
 
+MAX_RECORDED_PENDING = 1000
+"""Jobs without GPUs recorded per decision beyond those holding GPUs (etcd values stay small)."""
 PLANNED_STOP = 143
 """Exit code of a replica that checkpointed after SIGTERM (design.md §4)."""
 
@@ -119,19 +121,23 @@ def plan_round(
     record.objective = decision.objective if math.isfinite(decision.objective) else 0.0
     record.snapshot_revision = snapshot.revision
     record.scheduler_id = scheduler_id
+    gpus_total = int(total)
     for job in active:
         new_nodes = tuple(decision.allocations.get(job.id, ()))
         old_nodes = tuple(job.allocation.nodes)
         explain = decision.explain.get(job.id)
         moved = Counter(new_nodes) != Counter(old_nodes)
-        record.jobs.add(
-            job_id=job.id,
-            nodes=list(new_nodes),
-            speedup=explain.speedup if explain else 0.0,
-            restart_penalty=explain.penalty if explain else 1.0,
-            reason=explain.reason if explain else "",
-            changed=moved,
-        )
+        if not (new_nodes or moved) and len(record.jobs) >= MAX_RECORDED_PENDING + gpus_total:
+            record.pending_not_recorded += 1  # keeps a round's record bounded in etcd
+        else:
+            record.jobs.add(
+                job_id=job.id,
+                nodes=list(new_nodes),
+                speedup=explain.speedup if explain else 0.0,
+                restart_penalty=explain.penalty if explain else 1.0,
+                reason=explain.reason if explain else "",
+                changed=moved,
+            )
         if not moved:
             continue
         reason = explain.reason if explain else "re-allocated"

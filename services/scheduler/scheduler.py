@@ -198,7 +198,10 @@ class Scheduler:
             started = time.perf_counter()
             snapshot = await self.store.snapshot()
             read = time.perf_counter()
-            plan = plan_round(
+            # CPU-bound: planned in a worker thread so the event loop keeps serving RPCs
+            # (the GIL is handed back every few milliseconds instead of after the round).
+            plan = await asyncio.to_thread(
+                plan_round,
                 snapshot,
                 self.policy,
                 self._memory,

@@ -72,9 +72,15 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         self.on_change = on_change
         self.last_round = last_round
         self.clock = clock
+        self._leader: pb.Member | None = None
+        self._leader_at = -1e9
 
     async def _leader_metadata(self, context: Context) -> None:
-        leader = await current_leader(self.store)
+        # Cached for a second: a hint for clients, not worth an etcd read per request.
+        now = time.monotonic()
+        if now - self._leader_at > 1.0:
+            self._leader, self._leader_at = await current_leader(self.store), now
+        leader = self._leader
         if leader is not None:
             context.set_trailing_metadata(
                 (("pollux-leader-id", leader.id), ("pollux-leader-address", leader.address))
@@ -245,6 +251,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 response.round.CopyFrom(decision)
                 response.round.ClearField("jobs")
                 break
+        if not response.HasField("decision") and job.state == S.JOB_STATE_PENDING:
+            response.decision.job_id = job.id
+            response.decision.reason = "pending: waiting for GPUs behind other jobs"
         model = await self.store.get_model(job.id)
         if model is not None:
             response.model.CopyFrom(model.value)
