@@ -1,9 +1,9 @@
 """Python client of the Pollux API and the pollux-cli command.
 
-    from pollux.client import Client, JobSpec
+from pollux.client import Client, JobSpec
 
-    with Client("127.0.0.1:7070") as pollux:
-        job = pollux.submit(JobSpec("train", ("python", "train.py"), 256, max_batch_size=4096))
+with Client("127.0.0.1:7070") as pollux:
+job = pollux.submit(JobSpec("train", ("python", "train.py"), 256, max_batch_size=4096))
 """
 
 from pollux.client.client import Client, JobEvent
@@ -26,8 +26,8 @@ from pollux.client.types import (
 )
 
 __all__ = [
-    "AlreadyExistsError",
     "Allocation",
+    "AlreadyExistsError",
     "Client",
     "ClusterStatus",
     "Explanation",
