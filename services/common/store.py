@@ -10,6 +10,7 @@ atomically, whatever the process believes (design.md §3, etcd's `Mutex.IsOwner`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -150,6 +151,29 @@ class Snapshot:
     agents: list[pb.Member]
     models: dict[str, pb.JobModel]
     replicas: list[pb.ReplicaStatus]
+
+
+async def _cancelling(stream: Any) -> AsyncIterator[Any]:
+    """The events of an aetcd watch, cancelling the watch in etcd when iteration ends."""
+    try:
+        async for event in stream:
+            yield event
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(stream.cancel())
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel a task and wait for it, re-cancelling if a cancel was swallowed.
+
+    aetcd creates watches inside `asyncio.wait_for`, which on Python 3.11 can swallow a
+    cancellation that arrives at that moment (cpython#86296); one `cancel()` is not enough.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.2)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -356,7 +380,7 @@ class Store:
                 stream = await self._client.watch_prefix(
                     prefix, start_revision=max(last_revision, start_revision)
                 )
-                async for event in stream:
+                async for event in _cancelling(stream):
                     kv = event.kv
                     key, revision = bytes(kv.key), int(kv.mod_revision)
                     if revision < last_revision or (revision == last_revision and key in seen):

@@ -16,7 +16,15 @@ import time
 
 import structlog
 
-from pollux.service.store import Delete, Expect, Fence, Put, Store, StoreError
+from pollux.service.store import (
+    Delete,
+    Expect,
+    Fence,
+    Put,
+    Store,
+    StoreError,
+    cancel_and_wait,
+)
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -131,9 +139,7 @@ class Election:
             await asyncio.wait({watcher, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (watcher, lost):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StoreError):
-                    await task
+                await cancel_and_wait(task)
 
     async def resign(self) -> None:
         """Give up leadership (or the candidacy) by deleting the key."""

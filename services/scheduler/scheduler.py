@@ -34,6 +34,7 @@ from pollux.service.store import (
     Put,
     Store,
     StoreError,
+    cancel_and_wait,
 )
 from pollux.v1 import types_pb2 as pb
 
@@ -150,9 +151,7 @@ class Scheduler:
                     {round_task, lost}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if lost in done:
-                    round_task.cancel()  # losing the lease cancels the round in flight
-                    with contextlib.suppress(asyncio.CancelledError, StoreError):
-                        await round_task
+                    await cancel_and_wait(round_task)  # losing the lease cancels the round
                     raise LeadershipLost()
                 lost.cancel()
                 try:
@@ -166,9 +165,7 @@ class Scheduler:
                     continue
                 await self._wait_for_next(session)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
 
     async def _wait_for_next(self, session: Session) -> None:
         interval = self.config.scheduling.interval_s

@@ -1,0 +1,340 @@
+"""A job's observation profile: validation, merging, fitting and the published model.
+
+Pure functions (no I/O, no clock): the agent reads a profile from etcd, calls these, and writes
+the result back with a compare-and-swap, so the same functions give the same profile whichever
+agent applies a report. This is also the one place that converts between `pollux.v1` messages
+and `pollux.goodput` dataclasses; the core never sees a protobuf (style.md R1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from pollux.goodput import (
+    UNKNOWN_GRAD,
+    FitResult,
+    GoodputModel,
+    GradParams,
+    InvalidInputError,
+    Observations,
+    PerfParams,
+    SyncModel,
+    fit_perf_params,
+)
+from pollux.v1 import agent_service_pb2 as api
+from pollux.v1 import types_pb2 as pb
+
+KEEP_GENERATIONS = 2
+"""Allocation generations whose report sequence numbers are kept for deduplication.
+
+Older entries are pruned so a long-lived job's profile stays small; a report from a generation
+older than every kept one is treated as already applied (its replicas were stopped long ago).
+"""
+MAX_UINT32 = 2**32 - 1
+
+
+def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
+    """Every problem of a report, as (field path, what to fix); empty when it is valid."""
+    out: list[tuple[str, str]] = []
+    if not request.job_id:
+        out.append(("job_id", "must not be empty"))
+    for i, obs in enumerate(request.observations):
+        at = f"observations[{i}]"
+        if obs.num_nodes < 1:
+            out.append((f"{at}.num_nodes", "must be >= 1"))
+        if obs.num_replicas < max(obs.num_nodes, 1):
+            out.append((f"{at}.num_replicas", f"must be >= num_nodes ({obs.num_nodes}) and >= 1"))
+        if obs.local_batch_size < 1:
+            out.append((f"{at}.local_batch_size", "must be >= 1"))
+        if obs.accum_steps < 1:
+            out.append((f"{at}.accum_steps", "must be >= 1 (1 = no accumulation)"))
+        if not (math.isfinite(obs.accum_step_time_s) and obs.accum_step_time_s >= 0):
+            out.append((f"{at}.accum_step_time_s", "must be finite and >= 0 seconds"))
+        if not (math.isfinite(obs.optim_step_time_s) and obs.optim_step_time_s > 0):
+            out.append((f"{at}.optim_step_time_s", "must be finite and > 0 seconds"))
+        if obs.count < 1:
+            out.append((f"{at}.count", "must be >= 1 (steps averaged)"))
+    if request.HasField("gradient"):
+        for name in ("sqr", "var"):
+            value = getattr(request.gradient, name)
+            if not (math.isfinite(value) and value >= 0):
+                out.append((f"gradient.{name}", "must be finite and >= 0"))
+    return out
+
+
+def shape_key(num_nodes: int, num_replicas: int) -> str:
+    """Key of an allocation shape in `ObservationProfile.last_configs`."""
+    return f"{num_nodes}/{num_replicas}"
+
+
+def observation_count(profile: pb.ObservationProfile) -> int:
+    """Optimizer steps observed in total: what `observations` counts in responses and models."""
+    return sum(obs.count for obs in profile.observations)
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """The outcome of applying a report to a profile.
+
+    Attributes:
+        profile: The new profile (a copy; the input is never modified), or the input itself
+            when the report was not applied.
+        applied: False when (generation, rank, seq) had been applied already, or the report is
+            from a generation too old to tell.
+        new_configuration: Whether a (nodes, replicas, local batch) never seen before arrived:
+            the throughput fit can learn something new, so it should run now.
+    """
+
+    profile: pb.ObservationProfile
+    applied: bool
+    new_configuration: bool
+
+
+def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsRequest) -> Merge:
+    """Apply a (valid) report to a profile, at most once per (generation, rank, seq).
+
+    Observations of the same (nodes, replicas, local batch, accumulation steps) merge into one
+    count-weighted mean, so the profile stays one row per configuration however long the job
+    runs; the latest gradient statistics replace the previous ones.
+    """
+    key = f"{request.generation}/{request.rank}"
+    generations = {_generation_of(k) for k in profile.applied_seq}
+    if generations and request.generation < min(generations):
+        return Merge(profile, applied=False, new_configuration=False)
+    if key in profile.applied_seq and request.seq <= profile.applied_seq[key]:
+        return Merge(profile, applied=False, new_configuration=False)
+
+    merged = pb.ObservationProfile()
+    merged.CopyFrom(profile)
+    merged.job_id = request.job_id
+    merged.applied_seq[key] = request.seq
+    _prune_generations(merged)
+    rows = {_config_of(obs): obs for obs in merged.observations}
+    fit_rows = {_config_of(obs)[:3] for obs in merged.observations}
+    new_configuration = False
+    for obs in request.observations:
+        config = _config_of(obs)
+        new_configuration |= config[:3] not in fit_rows
+        fit_rows.add(config[:3])
+        row = rows.get(config)
+        if row is None:
+            row = merged.observations.add()
+            row.CopyFrom(obs)
+            rows[config] = row
+            continue
+        total = row.count + obs.count
+        row.accum_step_time_s = (
+            row.accum_step_time_s * row.count + obs.accum_step_time_s * obs.count
+        ) / total
+        row.optim_step_time_s = (
+            row.optim_step_time_s * row.count + obs.optim_step_time_s * obs.count
+        ) / total
+        row.count = min(total, MAX_UINT32)
+    if request.HasField("gradient"):
+        merged.gradient.CopyFrom(request.gradient)
+    return Merge(merged, applied=True, new_configuration=new_configuration)
+
+
+def _config_of(obs: pb.StepObservation) -> tuple[int, int, int, int]:
+    return (obs.num_nodes, obs.num_replicas, obs.local_batch_size, obs.accum_steps)
+
+
+def _generation_of(key: str) -> int:
+    return int(key.partition("/")[0])
+
+
+def _prune_generations(profile: pb.ObservationProfile) -> None:
+    kept = sorted({_generation_of(k) for k in profile.applied_seq})[-KEEP_GENERATIONS:]
+    for key in [k for k in profile.applied_seq if _generation_of(k) not in kept]:
+        del profile.applied_seq[key]
+
+
+def can_fit(profile: pb.ObservationProfile) -> bool:
+    """Whether the profile has a row the throughput fit can use (see `fit_observations`)."""
+    return any(o.accum_step_time_s > 0 for o in profile.observations)
+
+
+def fit_observations(profile: pb.ObservationProfile) -> Observations | None:
+    """One fit row per (nodes, replicas, local batch), or None when nothing can be fitted.
+
+    Rows of one (N, K, m) with different accumulation steps are pooled (count-weighted): the
+    model's step times do not depend on accumulation. Rows without a measured accumulation
+    (compute) time are left out: the fit works in log-time and needs both times.
+    """
+    pooled: dict[tuple[int, int, int], list[float]] = {}
+    for obs in profile.observations:
+        if obs.accum_step_time_s <= 0:
+            continue
+        row = pooled.setdefault(_config_of(obs)[:3], [0.0, 0.0, 0.0])
+        row[0] += obs.accum_step_time_s * obs.count
+        row[1] += obs.optim_step_time_s * obs.count
+        row[2] += obs.count
+    if not pooled:
+        return None
+    configs = sorted(pooled)
+    columns = np.array(configs, dtype=np.float64).T
+    sums = np.array([pooled[c] for c in configs], dtype=np.float64).T
+    return Observations.from_columns(
+        columns[0], columns[1], columns[2], sums[0] / sums[2], sums[1] / sums[2]
+    )
+
+
+def fit_profile(
+    profile: pb.ObservationProfile, previous: pb.ThroughputParams | None
+) -> FitResult | None:
+    """Fit the throughput model to a profile, warm-started from the previous parameters.
+
+    Returns:
+        The fit, or None when the profile has nothing to fit yet.
+
+    Raises:
+        pollux.goodput.FitError: No optimiser start converged to a finite loss.
+    """
+    obs = fit_observations(profile)
+    if obs is None:
+        return None
+    initial = perf_from_pb(previous) if previous is not None else None
+    return fit_perf_params(
+        obs.num_nodes,
+        obs.num_replicas,
+        obs.atomic_bsz,
+        obs.accum_step_time,
+        obs.optim_step_time,
+        sync_model=initial.sync_model if initial is not None else SyncModel.RING,
+        initial=initial,
+    )
+
+
+def build_model(
+    profile: pb.ObservationProfile,
+    limits: pb.BatchLimits,
+    throughput: pb.ThroughputParams | None,
+    *,
+    agent_id: str,
+    now_s: float,
+) -> pb.JobModel:
+    """The model to publish for the scheduler from a profile and its latest fit."""
+    model = pb.JobModel(
+        job_id=profile.job_id,
+        grad_sqr=profile.gradient.sqr,
+        grad_var=profile.gradient.var,
+        batch=limits,
+        max_profiled_replicas=max((o.num_replicas for o in profile.observations), default=0),
+        observations=observation_count(profile),
+        agent_id=agent_id,
+    )
+    if throughput is not None:
+        model.throughput.CopyFrom(throughput)
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(now_s * 1e9))
+    model.update_time.CopyFrom(stamp)
+    return model
+
+
+# -- conversions between pollux.v1 and pollux.goodput -------------------------------------------
+
+_SYNC_TO_PB = {SyncModel.RING: pb.SYNC_MODEL_RING, SyncModel.LINEAR: pb.SYNC_MODEL_LINEAR}
+
+
+def perf_to_pb(perf: PerfParams) -> pb.ThroughputParams:
+    """`PerfParams` as the wire message."""
+    a_c, b_c, a_n, b_n, a_r, b_r, gamma = perf.as_tuple()
+    return pb.ThroughputParams(
+        alpha_c=a_c,
+        beta_c=b_c,
+        alpha_n=a_n,
+        beta_n=b_n,
+        alpha_r=a_r,
+        beta_r=b_r,
+        gamma=gamma,
+        sync_model=_SYNC_TO_PB[perf.sync_model],
+    )
+
+
+def perf_from_pb(message: pb.ThroughputParams) -> PerfParams:
+    """The wire message as `PerfParams` (UNSPECIFIED sync model means RING, the default).
+
+    Raises:
+        pollux.goodput.InvalidInputError: A parameter is out of range.
+    """
+    sync = SyncModel.LINEAR if message.sync_model == pb.SYNC_MODEL_LINEAR else SyncModel.RING
+    return PerfParams(
+        message.alpha_c,
+        message.beta_c,
+        message.alpha_n,
+        message.beta_n,
+        message.alpha_r,
+        message.beta_r,
+        message.gamma,
+        sync,
+    )
+
+
+def grad_from_model(model: pb.JobModel) -> GradParams:
+    """The model's gradient statistics; `UNKNOWN_GRAD` (efficiency 1) before any arrived."""
+    if model.grad_sqr == 0 and model.grad_var == 0:
+        return UNKNOWN_GRAD
+    return GradParams(model.grad_sqr, model.grad_var)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A job's `BatchLimits` with the zero defaults resolved (samples).
+
+    Attributes:
+        initial: M0, the total batch the learning rate was tuned for.
+        max_batch: Largest total batch.
+        min_local: Smallest per-replica micro-batch.
+        max_local: Largest per-replica micro-batch.
+    """
+
+    initial: int
+    max_batch: int
+    min_local: int
+    max_local: int
+
+    @classmethod
+    def of(cls, limits: pb.BatchLimits) -> Limits:
+        """Resolve the documented defaults (0 = M0, 1, max batch) and check consistency.
+
+        Raises:
+            pollux.goodput.InvalidInputError: The limits admit no configuration at all.
+        """
+        m0 = limits.initial_batch_size
+        if m0 < 1:
+            raise InvalidInputError("batch.initial_batch_size", "must be >= 1")
+        top = limits.max_batch_size or m0
+        low = limits.min_local_batch_size or 1
+        high = limits.max_local_batch_size or top
+        if top < m0:
+            raise InvalidInputError("batch.max_batch_size", f"{top} is below M0={m0}")
+        if low > min(high, top):
+            raise InvalidInputError(
+                "batch.min_local_batch_size", f"{low} exceeds the largest usable local batch"
+            )
+        return cls(m0, top, low, high)
+
+
+def goodput_model(model: pb.JobModel, limits: pb.BatchLimits) -> GoodputModel:
+    """The goodput model of a fitted `JobModel` under a job's batch limits.
+
+    Accumulation is always allowed: the training library supports it, and without it a job
+    whose M0 does not fit one GPU's memory could not run at all.
+
+    Raises:
+        pollux.goodput.InvalidInputError: The parameters or limits are inconsistent.
+    """
+    resolved = Limits.of(limits)
+    return GoodputModel(
+        perf=perf_from_pb(model.throughput),
+        grad=grad_from_model(model),
+        init_batch_size=resolved.initial,
+        max_batch_size=resolved.max_batch,
+        min_atomic_bsz=resolved.min_local,
+        max_atomic_bsz=resolved.max_local,
+        accumulation=True,
+    )
