@@ -1,0 +1,142 @@
+"""The training library's link to its agent: a `MetricsSink` and a `BatchConfigSource` over gRPC.
+
+`pollux.train` stays free of gRPC; a replica started by a launcher gets `POLLUX_AGENT_ADDR`
+(the job's owning agent first, then the others) and `ElasticTrainer` plugs this link in.
+Reports go to the first agent that answers; a failure raises, so the trainer's reporter keeps
+the batch and retries later (training never waits on the agent). Batch configurations are
+refreshed by a background thread so that `batch_config()` never blocks a training step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import grpc
+import structlog
+
+from pollux.train.data import BatchConfig
+from pollux.train.metrics import MetricsBatch
+from pollux.v1 import agent_service_pb2 as apb
+from pollux.v1 import agent_service_pb2_grpc as apb_grpc
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+
+class AgentLink:
+    """Reports metrics to, and reads batch configurations from, the job's agents.
+
+    Args:
+        addresses: Agent addresses, preferred first (POLLUX_AGENT_ADDR split on commas).
+        job_id: The job.
+        timeout_s: Deadline of one RPC.
+        refresh_s: Seconds between background batch-configuration refreshes.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        job_id: str,
+        *,
+        timeout_s: float = 2.0,
+        refresh_s: float = 2.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("AgentLink needs at least one agent address")
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self._channels = [grpc.insecure_channel(a) for a in addresses]
+        self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
+        self._preferred = 0
+        self._configs: dict[tuple[int, int], BatchConfig] = {}
+        self._wanted: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._refresh_s = refresh_s
+        self._thread = threading.Thread(target=self._refresh_loop, name="agent-link", daemon=True)
+        self._thread.start()
+
+    def _call(self, method: str, request: object) -> object:
+        last: grpc.RpcError | None = None
+        count = len(self._stubs)
+        for offset in range(count):
+            index = (self._preferred + offset) % count
+            try:
+                reply = getattr(self._stubs[index], method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as error:
+                if error.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise
+                last = error
+                continue
+            self._preferred = index
+            return reply
+        assert last is not None
+        raise last
+
+    def send(self, batch: MetricsBatch) -> None:
+        """Deliver one report (MetricsSink); raises if no agent took it."""
+        request = apb.ReportMetricsRequest(
+            job_id=batch.job_id,
+            generation=batch.generation,
+            rank=batch.rank,
+            seq=batch.seq,
+            observations=[
+                pb.StepObservation(
+                    num_nodes=o.num_nodes,
+                    num_replicas=o.num_replicas,
+                    local_batch_size=o.local_bsz,
+                    accum_steps=o.accum_steps,
+                    accum_step_time_s=o.accum_step_time_s,
+                    optim_step_time_s=o.optim_step_time_s,
+                    count=o.count,
+                )
+                for o in batch.observations
+            ],
+        )
+        if batch.grad is not None:
+            request.gradient.sqr = float(batch.grad.sqr)
+            request.gradient.var = float(batch.grad.var)
+        self._call("ReportMetrics", request)
+
+    def batch_config(self, *, num_nodes: int, num_replicas: int) -> BatchConfig | None:
+        """The latest configuration for this shape, or None before the agent has one."""
+        key = (num_nodes, num_replicas)
+        with self._lock:
+            if key not in self._wanted:
+                self._wanted.add(key)
+                threading.Thread(target=self._refresh, args=(key,), daemon=True).start()
+            return self._configs.get(key)
+
+    def _refresh(self, key: tuple[int, int]) -> None:
+        request = apb.GetBatchConfigRequest(
+            job_id=self.job_id, num_nodes=key[0], num_replicas=key[1]
+        )
+        try:
+            reply = self._call("GetBatchConfig", request)
+        except grpc.RpcError as error:
+            log.debug("batch_config_unavailable", job_id=self.job_id, code=error.code().name)
+            return
+        config = reply.config  # type: ignore[attr-defined]
+        if config.local_batch_size < 1:
+            return
+        with self._lock:
+            self._configs[key] = BatchConfig(
+                local_bsz=int(config.local_batch_size), accum_steps=max(1, int(config.accum_steps))
+            )
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self._refresh_s):
+            with self._lock:
+                wanted = list(self._wanted)
+            for key in wanted:
+                self._refresh(key)
+
+    def close(self) -> None:
+        """Stop the refresh thread and close the channels."""
+        self._stop.set()
+        for channel in self._channels:
+            channel.close()

@@ -1,0 +1,95 @@
+"""PyTorch training library of Pollux: adaptive batch size, AdaScale, elastic checkpoints.
+
+A replica trains with `ElasticTrainer`, which measures the job for the scheduler (step times,
+gradient noise scale), follows the batch configuration chosen for its allocation, scales the
+learning rate, and checkpoints atomically when the allocation changes. Typical use::
+
+    import pollux.train as pt
+
+    pt.init()
+    trainer = pt.ElasticTrainer(model, optimizer, dataset, init_batch_size=128)
+    for epoch in trainer.epochs(10):
+        for x, y in trainer.batches():
+            trainer.step(loss_fn(trainer.model(x), y))
+
+The control plane plugs in through two protocols: `BatchConfigSource` (the batch size to use)
+and `MetricsSink` (where measurements go). This package imports no gRPC code.
+"""
+
+from pollux.train.checkpoint import CheckpointManager, StopSignal
+from pollux.train.data import (
+    AdaptiveDataLoader,
+    BatchConfig,
+    BatchConfigSource,
+    FixedBatchConfig,
+    MicroBatchInfo,
+    StepPlan,
+    default_batch_config,
+    plan_step,
+)
+from pollux.train.env import TrainEnv
+from pollux.train.errors import (
+    CheckpointError,
+    EnvVarError,
+    InvalidValueError,
+    Preempted,
+    TrainError,
+    UsageError,
+)
+from pollux.train.gns import (
+    AdamPreconditioner,
+    GradientCollector,
+    GradientNoiseScale,
+    GradStats,
+    adascale_gain,
+    estimate,
+)
+from pollux.train.metrics import (
+    InMemorySink,
+    MetricsBatch,
+    MetricsReporter,
+    MetricsSink,
+    StepObservation,
+    StepProfile,
+)
+from pollux.train.scaling import ScaledOptimizer, ScalingRule, lr_factor
+from pollux.train.trainer import ElasticTrainer, Stateful, default_device, init
+
+__all__ = [
+    "AdamPreconditioner",
+    "AdaptiveDataLoader",
+    "BatchConfig",
+    "BatchConfigSource",
+    "CheckpointError",
+    "CheckpointManager",
+    "ElasticTrainer",
+    "EnvVarError",
+    "FixedBatchConfig",
+    "GradStats",
+    "GradientCollector",
+    "GradientNoiseScale",
+    "InMemorySink",
+    "InvalidValueError",
+    "MetricsBatch",
+    "MetricsReporter",
+    "MetricsSink",
+    "MicroBatchInfo",
+    "Preempted",
+    "ScaledOptimizer",
+    "ScalingRule",
+    "Stateful",
+    "StepObservation",
+    "StepPlan",
+    "StepProfile",
+    "StopSignal",
+    "TrainEnv",
+    "TrainError",
+    "UsageError",
+    "adascale_gain",
+    "default_batch_config",
+    "default_device",
+    "estimate",
+    "init",
+    "lr_factor",
+    "plan_step",
+]

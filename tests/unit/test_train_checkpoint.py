@@ -1,0 +1,178 @@
+"""Checkpoints: atomic under SIGKILL, SIGTERM → checkpoint + exit 143 → resume, bad files."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pollux.train import CheckpointError, CheckpointManager, StopSignal  # noqa: E402
+from pollux.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "elastic_classifier.py"
+
+
+def child_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POLLUX_", "RANK", "WORLD"))}
+    env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra})
+    return env
+
+
+def test_round_trip_and_missing_checkpoint_is_a_fresh_start(tmp_path):
+    manager = CheckpointManager(tmp_path / "ckpt")
+    assert manager.load() is None
+    path = manager.save({"step": 3, "weights": torch.arange(4.0)})
+    assert path == tmp_path / "ckpt" / CHECKPOINT_NAME
+    state = manager.load()
+    assert state["step"] == 3
+    assert torch.equal(state["weights"], torch.arange(4.0))
+    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+
+
+def test_only_rank_zero_writes_and_none_disables(tmp_path):
+    assert CheckpointManager(tmp_path, rank=1).save({"x": 1}) is None
+    assert not (tmp_path / CHECKPOINT_NAME).exists()
+    off = CheckpointManager(None)
+    assert not off.enabled
+    assert off.save({"x": 1}) is None
+    assert off.load() is None
+
+
+def test_partial_temporary_file_is_ignored_and_cleaned_up(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save({"step": 1})
+    leftover = tmp_path / f".{CHECKPOINT_NAME}.999.dead.tmp"
+    leftover.write_bytes(b"\x80\x02half a pickle")
+    assert manager.load()["step"] == 1
+    manager.save({"step": 2})
+    assert not leftover.exists()
+    assert manager.load()["step"] == 2
+
+
+def test_a_corrupt_checkpoint_is_an_error_not_a_silent_fresh_start(tmp_path):
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="move it away"):
+        CheckpointManager(tmp_path).load()
+    torch.save({"format": "other/9"}, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(CheckpointError, match="format"):
+        CheckpointManager(tmp_path).load()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, structlog, torch
+    from pollux.train import CheckpointManager
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    manager = CheckpointManager(sys.argv[1])
+    manager.save({"step": 0, "blob": torch.zeros(4)})
+    print("saved 0", flush=True)
+    step = 1
+    while True:  # keep writing large checkpoints until killed
+        manager.save({"step": step, "blob": torch.full((24_000_000,), float(step))})
+        print(f"saved {step}", flush=True)
+        step += 1
+    """
+)
+
+
+def test_sigkill_during_save_leaves_the_previous_checkpoint_valid(tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckpt)],
+        stdout=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "saved 0"
+        deadline = time.monotonic() + 30
+        while not list(ckpt.glob(f".{CHECKPOINT_NAME}.*.tmp")):  # a large save has begun
+            assert time.monotonic() < deadline, "the writer never started a second save"
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    state = CheckpointManager(ckpt).load()  # the partial temporary file is ignored
+    step = state["step"]
+    blob = state["blob"]
+    assert bool((blob == float(step)).all())  # a whole checkpoint, never a mixture
+    assert step == 0 or blob.numel() == 24_000_000
+
+
+def run_example(ckpt, *args, timeout=60):
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(ckpt), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+    )
+
+
+def test_sigterm_checkpoints_exits_143_and_the_next_start_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = ["--samples", "512", "--batch-size", "32", "--epochs", "50", "--step-sleep", "0.004"]
+    proc = run_example(ckpt, *args)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("epoch 0"), first + proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    state = CheckpointManager(ckpt).load()
+    assert state is not None
+    assert state["scaling"]["steps"] >= 16  # at least the finished first epoch
+    assert state["loader"]["epoch"] >= 1
+    stopped_epoch = state["loader"]["epoch"]
+    stopped_steps = state["scaling"]["steps"]
+
+    # Resume with another batch configuration: training continues from the stop.
+    resumed = run_example(ckpt, *args[:-2], "--epochs", str(stopped_epoch + 1), "--local-bsz", "16")
+    out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, err
+    lines = out.strip().splitlines()
+    assert lines, err
+    assert lines[0].startswith(f"epoch {stopped_epoch} "), out
+    after = CheckpointManager(ckpt).load()
+    assert after["loader"]["epoch"] == stopped_epoch + 1
+    assert after["scaling"]["steps"] > stopped_steps
+
+    # A finished job restarted does no more work.
+    again = run_example(ckpt, *args[:-2], "--epochs", str(stopped_epoch + 1))
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert out.strip() == ""
+
+
+def test_stop_signal_sets_a_flag_and_restores_handlers():
+    stop = StopSignal()
+    before = signal.getsignal(signal.SIGTERM)
+    assert stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert stop.requested
+        assert stop.received is signal.SIGTERM
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before
