@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -345,6 +346,9 @@ SPEC_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobSpec))
 def read_job_file(path: str | Path) -> dict[str, Any]:
     """Parse a job file into a mapping, choosing the format by suffix (YAML by default).
 
+    A relative ``working_dir`` is taken relative to the file's directory (as compose files do),
+    so a job file that sits beside its script works from wherever it is submitted.
+
     Raises:
         JobSpecError: The file is unreadable, malformed, or not a mapping at the top.
     """
@@ -369,6 +373,9 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
         raise JobSpecError(
             f"job file {p} must hold a mapping of spec keys (got {type(data).__name__})"
         )
+    working_dir = data.get("working_dir")
+    if isinstance(working_dir, str) and working_dir and not Path(working_dir).is_absolute():
+        data["working_dir"] = os.path.normpath(p.resolve().parent / working_dir)
     return data
 
 

@@ -13,17 +13,33 @@ or as several replicas, under the environment the Pollux launcher (or torchrun) 
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python examples/... &
     RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python examples/...
 
+or submitted to a Pollux cluster (``examples/elastic_job.yaml``), where the launcher sets that
+environment, the trainer reports to the job's agent and takes its batch size from it.
+
 With ``POLLUX_CHECKPOINT_DIR`` (or ``--checkpoint-dir``) set, SIGTERM makes it checkpoint and
 exit with code 143, and the next start resumes where it stopped, on any number of replicas.
 The loop is the usual PyTorch loop; the lines that involve the trainer are marked ``# pollux``.
+
+Two options exist for demonstrations and tests on machines without GPUs:
+
+- ``--emulate-ms FIXED,PER_SAMPLE`` sleeps that long per micro-batch, as if an accelerator
+  computed it, so that CPU "GPU slots" show a GPU job's shape of step time (a fixed cost plus a
+  cost per sample) without the replicas fighting over the CPU cores;
+- ``--audit-dir DIR`` makes every replica append, per micro-batch, its allocation generation,
+  rank, replica count, epoch, optimizer step and sample indices to
+  ``samples-<gen>-<rank>.txt``, and rank 0 one JSON line per epoch to ``epochs.jsonl``, so a
+  test can check that elastic restarts neither lose nor repeat samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from pathlib import Path
+from typing import TextIO
 
 import structlog
 import torch
@@ -44,7 +60,7 @@ def make_data(samples: int, features: int, classes: int, seed: int, split: int) 
     generator = torch.Generator().manual_seed(seed * 1000 + 1 + split)
     labels = torch.randint(0, classes, (samples,), generator=generator)
     inputs = 0.4 * centres[labels] + torch.randn(samples, features, generator=generator)
-    return TensorDataset(inputs, labels)
+    return TensorDataset(inputs, labels, torch.arange(samples))
 
 
 def make_model(features: int, classes: int, hidden: int) -> nn.Module:
@@ -68,13 +84,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scaling-rule", default="adascale")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default=None, help="default POLLUX_CHECKPOINT_DIR")
-    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds (for demos)")
+    parser.add_argument(
+        "--emulate-ms",
+        type=_emulation,
+        default=(0.0, 0.0),
+        metavar="FIXED,PER_SAMPLE",
+        help="sleep FIXED + PER_SAMPLE × batch ms per micro-batch, as an accelerator would take",
+    )
+    parser.add_argument("--audit-dir", type=Path, default=None, help="sample and epoch logs")
     return parser.parse_args(argv)
+
+
+def _emulation(text: str) -> tuple[float, float]:
+    try:
+        fixed, per_sample = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want FIXED,PER_SAMPLE in ms, got {text!r}") from None
+    if fixed < 0 or per_sample < 0:
+        raise argparse.ArgumentTypeError("emulated times must be ≥ 0")
+    return fixed, per_sample
 
 
 def evaluate(model: nn.Module, data: TensorDataset, device: torch.device) -> tuple[float, float]:
     """Mean loss and accuracy of `model` on `data`."""
-    inputs, labels = (t.to(device) for t in data.tensors)
+    inputs, labels = (t.to(device) for t in data.tensors[:2])
     model.eval()
     with torch.no_grad():
         logits = model(inputs)
@@ -82,6 +115,39 @@ def evaluate(model: nn.Module, data: TensorDataset, device: torch.device) -> tup
         accuracy = (logits.argmax(1) == labels).float().mean().item()
     model.train()
     return loss, accuracy
+
+
+class Audit:
+    """The ``--audit-dir`` logs: which samples each replica trained on, and each epoch's figures.
+
+    A micro-batch is logged before its step runs; a step cut short by a restart is trained
+    again by the next allocation, which starts at the checkpointed step count, so a reader
+    keeps, per step number, only the lines of the newest generation that logged it.
+    """
+
+    def __init__(self, directory: Path | None, generation: int, rank: int, world: int) -> None:
+        self._samples: TextIO | None = None
+        self._epochs: TextIO | None = None
+        if directory is None:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        self._samples = (directory / f"samples-{generation}-{rank}.txt").open("a")
+        if rank == 0:
+            self._epochs = (directory / "epochs.jsonl").open("a")
+        self._prefix = f"{generation} {rank} {world}"
+
+    def batch(self, epoch: int, step: int, indices: torch.Tensor) -> None:
+        """Log one micro-batch's sample indices (line-buffered: a kill loses at most one)."""
+        if self._samples is not None:
+            ids = " ".join(map(str, indices.tolist()))
+            self._samples.write(f"{self._prefix} {epoch} {step} {ids}\n")
+            self._samples.flush()
+
+    def epoch(self, record: dict[str, object]) -> None:
+        """Log one epoch's figures (rank 0)."""
+        if self._epochs is not None:
+            self._epochs.write(json.dumps(record) + "\n")
+            self._epochs.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,23 +177,40 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir,
         seed=args.seed,
     )
+    audit = Audit(args.audit_dir, env.allocation_gen, env.rank, env.world_size)
+    fixed_ms, per_sample_ms = args.emulate_ms
     for epoch in trainer.epochs(args.epochs):  # pollux
         total, seen = 0.0, 0
-        for inputs, labels in trainer.batches():  # pollux
+        for inputs, labels, indices in trainer.batches():  # pollux
+            audit.batch(epoch, trainer.steps, indices)
             loss = functional.cross_entropy(trainer.model(inputs), labels)
+            if fixed_ms or per_sample_ms:
+                time.sleep((fixed_ms + per_sample_ms * len(labels)) / 1000)
             trainer.step(loss)  # pollux
             total += loss.item() * len(labels)
             seen += len(labels)
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
         test_loss, accuracy = evaluate(trainer.module, test, trainer.device)
         if env.rank == 0:
             stats = trainer.grad_stats
+            pgns = None if stats is None else stats.pgns(args.batch_size)
+            record: dict[str, object] = {
+                "epoch": epoch,
+                "generation": env.allocation_gen,
+                "replicas": env.world_size,
+                "train_loss": total / max(seen, 1),
+                "test_loss": test_loss,
+                "accuracy": accuracy,
+                "progress": trainer.progress,
+                "steps": trainer.steps,
+                "batch": trainer.total_batch_size,
+                "pgns": pgns,
+            }
+            audit.epoch(record)
             print(
-                f"epoch {epoch} train_loss {total / max(seen, 1):.4f} test_loss {test_loss:.4f} "
+                f"epoch {epoch} train_loss {record['train_loss']:.4f} test_loss {test_loss:.4f} "
                 f"accuracy {accuracy:.4f} progress {trainer.progress:.1f} "
-                f"steps {trainer.steps} batch {trainer.total_batch_size} "
-                f"pgns {'-' if stats is None else f'{stats.pgns(args.batch_size):.1f}'}",
+                f"steps {trainer.steps} replicas {env.world_size} "
+                f"batch {trainer.total_batch_size} pgns {'-' if pgns is None else f'{pgns:.1f}'}",
                 flush=True,
             )
     trainer.close()

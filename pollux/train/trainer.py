@@ -176,12 +176,15 @@ class ElasticTrainer:
         dataset: A map-style dataset with ``__len__`` or an `IterableDataset`.
         init_batch_size: M0, the total batch size the learning rate was tuned for.
         env: The environment contract; default: read it (and call `init` if needed).
-        batch_source: Where batch configurations come from (the job's agent); default: ⌈M0/K⌉
-            per replica and no accumulation, for the whole run.
+        batch_source: Where batch configurations come from; default: the job's agent when the
+            launcher set ``POLLUX_AGENT_ADDR`` (see `connect_agent`), else ⌈M0/K⌉ per replica
+            and no accumulation, for the whole run.
         scaling_rule: Learning-rate scaling rule; AdaScale by default.
         grad_scaler: The AMP `GradScaler`, if mixed precision is used.
-        metrics_sink: Where measurements are reported (rank 0 only); None keeps them local
-            (`profile`, `grad_stats`).
+        metrics_sink: Where measurements are reported (rank 0 only); default: the job's agent
+            when ``POLLUX_AGENT_ADDR`` is set, else they stay local (`profile`, `grad_stats`).
+        connect_agent: False never connects to an agent on its own, even with
+            ``POLLUX_AGENT_ADDR`` set.
         checkpoint_dir: Checkpoint directory; default ``POLLUX_CHECKPOINT_DIR``.
         checkpointing: False disables checkpoints even when a directory is configured.
         checkpoint_interval_s: Also checkpoint at the first step boundary after this many
@@ -223,6 +226,7 @@ class ElasticTrainer:
         scaling_rule: ScalingRule | str = ScalingRule.ADASCALE,
         grad_scaler: torch.amp.GradScaler | None = None,
         metrics_sink: MetricsSink | None = None,
+        connect_agent: bool = True,
         checkpoint_dir: Path | str | None = None,
         checkpointing: bool = True,
         checkpoint_interval_s: float | None = None,
@@ -261,6 +265,7 @@ class ElasticTrainer:
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.grad_scaler = grad_scaler
+        batch_source, metrics_sink = self._connect(connect_agent, batch_source, metrics_sink)
         self.batch_source = batch_source
         self._comm_device = self.device if self._backend() == "nccl" else torch.device("cpu")
         self.num_nodes = self._count_nodes()
@@ -330,6 +335,18 @@ class ElasticTrainer:
             epoch=self.epoch,
             progress=round(self.progress, 3),
         )
+
+    def _connect(
+        self, wanted: bool, source: BatchConfigSource | None, sink: MetricsSink | None
+    ) -> tuple[BatchConfigSource | None, MetricsSink | None]:
+        """Use the job's agent as source and sink unless the caller chose either."""
+        self._link: _AgentLink | None = None
+        # Rank 0 alone polls the batch source and reports, so only it talks to the agent.
+        if wanted and self.rank == 0 and source is None and sink is None:
+            self._link = _agent_link(self.env)
+        if self._link is None:
+            return source, sink
+        return self._link, self._link
 
     def _init_step_state(self) -> None:
         """Per-micro-batch bookkeeping of the loop (see `batches`, `step`)."""
@@ -965,6 +982,8 @@ class ElasticTrainer:
         self._closed = True
         if self.reporter is not None:
             self.reporter.close()
+        if self._link is not None:
+            self._link.close()
         if self._signals_installed:
             self.stop_signal.uninstall()
         self.collector.remove()
@@ -1057,6 +1076,26 @@ def _check_arguments(
         raise InvalidValueError(
             "optimizer", "optimizes none of the model's parameters; build it from them"
         )
+
+
+class _AgentLink(BatchConfigSource, MetricsSink, Protocol):
+    def close(self) -> None: ...
+
+
+def _agent_link(env: TrainEnv) -> _AgentLink | None:
+    """The gRPC link to the job's agents named by ``POLLUX_AGENT_ADDR``, or None without one.
+
+    Imported here, not at the top, so that `pollux.train` itself never loads gRPC: a script run
+    outside a cluster, or with its own source and sink, does not pay for it.
+    """
+    if env.agent_addr is None:
+        return None
+    from pollux.client.agent_link import AgentLink  # noqa: PLC0415 - optional control plane
+
+    addresses = [a.strip() for a in env.agent_addr.split(",") if a.strip()]
+    if not addresses:
+        return None
+    return AgentLink(addresses, env.job_id)
 
 
 def _config_from(values: list[float]) -> BatchConfig | None:

@@ -127,12 +127,15 @@ class LocalCluster:
         self, name: str, argv: list[str], port: int, env: dict[str, str] | None = None
     ) -> Proc:
         log = self.workdir / "logs" / f"{name}.log"
+        # Replicas inherit the launcher's environment: `python` in a job's command is then the
+        # interpreter that runs this cluster, whether or not its virtualenv is activated.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         with log.open("ab") as out:
             process = subprocess.Popen(
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, "PATH": path, **(env or {})},
                 start_new_session=True,
             )
         proc = Proc(name, process, port, log)
