@@ -1,0 +1,89 @@
+"""The training library's AgentLink against a real agent on real etcd and gRPC.
+
+The link is synchronous (it runs in training processes), so the tests drive it from a worker
+thread while the agent's grpc.aio server runs on the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+import pytest
+
+from pollux.client.agent_link import AgentLink
+from pollux.train.data import BatchConfig
+from pollux.train.gns import GradStats
+from pollux.train.metrics import MetricsBatch, StepObservation
+from pollux.v1 import agent_service_pb2 as api
+from tests.integration.test_agent_service import make_job, running_agent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def dead_address() -> str:
+    """A loopback port with nothing listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def metrics(seq: int, replicas: int, local: int, job_id: str = "j-1") -> MetricsBatch:
+    return MetricsBatch(
+        job_id=job_id,
+        generation=1,
+        rank=0,
+        seq=seq,
+        observations=(
+            StepObservation(
+                num_nodes=1,
+                num_replicas=replicas,
+                local_bsz=local,
+                accum_steps=1,
+                accum_step_time_s=0.02 + 0.0005 * local,
+                optim_step_time_s=0.03 + 0.0005 * local + 0.01 * (replicas - 1),
+                count=5,
+            ),
+        ),
+        grad=GradStats(sqr=1.0, var=40.0),
+        created_at=0.0,
+    )
+
+
+async def test_reports_reach_the_agent_past_a_dead_address_and_configs_come_back(etcd, root, store):
+    await make_job(store)
+    async with running_agent(etcd, root, "agent-a") as a:
+        link = AgentLink([dead_address(), a.address], "j-1", timeout_s=1.0, refresh_s=0.2)
+        try:
+            for seq, (k, m) in enumerate([(1, 64), (2, 64), (2, 128)], start=1):
+                await asyncio.to_thread(link.send, metrics(seq, k, m))
+            model = (await a.stub.GetModel(api.GetModelRequest(job_id="j-1"))).model
+            assert model.observations == 15
+            assert model.HasField("throughput")
+            assert (model.grad_sqr, model.grad_var) == (1.0, 40.0)
+
+            # The first call starts a background fetch and never blocks; the answer arrives.
+            assert link.batch_config(num_nodes=1, num_replicas=2) is None
+            config: BatchConfig | None = None
+            for _ in range(100):
+                config = link.batch_config(num_nodes=1, num_replicas=2)
+                if config is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert config is not None
+            assert 16 <= config.local_bsz <= 256
+            assert config.total(2) <= 2048
+        finally:
+            link.close()
+
+
+async def test_an_unknown_job_is_an_error_not_a_silent_drop(etcd, root, store):
+    async with running_agent(etcd, root, "agent-a") as a:
+        link = AgentLink([a.address], "j-missing", timeout_s=1.0)
+        try:
+            with pytest.raises(grpc.RpcError) as raised:
+                await asyncio.to_thread(link.send, metrics(1, 1, 64, job_id="j-missing"))
+            assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        finally:
+            link.close()
