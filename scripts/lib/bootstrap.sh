@@ -22,6 +22,21 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
 }
 
+installed_covers() {
+  # Whether the install recorded in stamp file $1 is of the same pyproject.toml and has every
+  # extra that "$2" (hash [extras]) asks for, so that ./scripts/demo after ./scripts/test (or
+  # the other way round) does not reinstall.
+  local stamp=$1 want=$2 have extra
+  [ -f "$stamp" ] || return 1
+  have=$(cat "$stamp")
+  [ "${have%% *}" = "${want%% *}" ] || return 1
+  local wanted=${want#*[} installed=${have#*[}
+  wanted=${wanted%]} installed=${installed%]}
+  for extra in ${wanted//,/ }; do
+    [[ ",$installed," == *",$extra,"* ]] || return 1
+  done
+}
+
 ensure_venv() {
   local extras=$1
   if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -38,7 +53,7 @@ ensure_venv() {
   fi
   local want stamp="$VENV/.pollux-install"
   want="$(sha256sum "$POLLUX_ROOT/pyproject.toml" | cut -c1-16) [$extras]"
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  if ! installed_covers "$stamp" "$want"; then
     local target="$POLLUX_ROOT"
     [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
     echo "==> installing pollux${extras:+[$extras]} into .venv" >&2

@@ -6,13 +6,16 @@ import sys
 import time
 from pathlib import Path
 
-from pollux.client import Client, JobSpec
+from pollux.client import Client, JobSpec, PolluxError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
     """Submit `job_file`, print every state, allocation and batch change until it ends.
+
+    While the job runs, the newest line of rank 0's log (the training script's own progress
+    line, e.g. one per epoch) is shown too, whenever it changes.
 
     Returns:
         0 if the job succeeded, 1 otherwise.
@@ -21,7 +24,7 @@ def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
     with Client(servers.split(",")) as client:
         job = client.submit(spec)
         print(f"submitted {job.id} ({spec.name}); follow with: pollux-cli describe {job.id}")
-        last = ""
+        last = last_progress = ""
         started = time.monotonic()
         while True:
             job = client.get_job(job.id)
@@ -37,11 +40,25 @@ def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
             if line != last:
                 print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
                 last = line
+            if job.state == "RUNNING":
+                progress = _last_log_line(client, job.id)
+                if progress and progress != last_progress:
+                    print(f"[{time.monotonic() - started:6.1f}s]   {progress}", flush=True)
+                    last_progress = progress
             if job.state in TERMINAL:
                 for t in job.history:
                     print(f"  {t.state:<10} {t.reason}")
                 return 0 if job.state == "SUCCEEDED" else 1
             time.sleep(poll_s)
+
+
+def _last_log_line(client: Client, job_id: str) -> str:
+    """Rank 0's newest log line, or "" while it has none or its launcher cannot say."""
+    try:
+        lines = list(client.logs(job_id, 0, tail_lines=1))
+    except PolluxError:
+        return ""
+    return lines[-1].rstrip() if lines else ""
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import pytest
 
 from pollux.client import Client, JobSpec
 from pollux.service.local_cluster import LocalCluster
+from tests.e2e.waiting import wait_until
 
 JOB = Path(__file__).parent / "jobs" / "counter_job.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,14 +53,6 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(240)

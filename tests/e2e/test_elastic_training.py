@@ -23,7 +23,6 @@ import itertools
 import json
 import subprocess
 import sys
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 
 from pollux.client import Client, JobSpec
 from pollux.service.local_cluster import LocalCluster
+from tests.e2e.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_classifier.py"
@@ -48,14 +48,6 @@ are noisy (the best accuracy is about 0.70), the runs see different batch sizes 
 counts, and 1024 test samples carry about ±0.014 sampling noise."""
 LOSS_TOLERANCE = 0.05
 """Relative test-loss difference allowed (the loss is about 0.88)."""
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 @pytest.fixture

@@ -233,3 +233,27 @@ def test_an_empty_file_is_an_empty_mapping(tmp_path):
     with pytest.raises(JobSpecError) as caught:
         JobSpec.from_file(tmp_path / "job.yaml")
     assert {v.field for v in caught.value.violations} == {"name", "command", "initial_batch_size"}
+
+
+@pytest.mark.parametrize(
+    ("working_dir", "want"),
+    [
+        pytest.param(".", "jobs", id="dot is the file's own directory"),
+        pytest.param("../code", "code", id="a relative path is taken from the file"),
+        pytest.param("/srv/train", "/srv/train", id="an absolute path is kept"),
+    ],
+)
+def test_a_relative_working_dir_is_relative_to_the_job_file(tmp_path, working_dir, want):
+    (tmp_path / "jobs").mkdir()
+    path = tmp_path / "jobs" / "job.yaml"
+    path.write_text(
+        f"name: a\ncommand: [python, t.py]\ninitial_batch_size: 8\nworking_dir: {working_dir}\n"
+    )
+    spec = JobSpec.from_file(path)
+    assert spec.working_dir == (want if want.startswith("/") else str(tmp_path / want))
+
+
+def test_the_sample_job_file_is_a_valid_spec():
+    spec = JobSpec.from_file(Path(__file__).resolve().parents[2] / "examples" / "elastic_job.yaml")
+    assert Path(spec.working_dir, spec.command[1]).is_file()
+    assert spec.initial_batch_size < spec.max_batch_size
