@@ -10,6 +10,7 @@ the smallest micro-batch is reported infeasible (goodput 0, m = s = 0).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +30,11 @@ from pollux.goodput.errors import InvalidInputError
 from pollux.goodput.params import GoodputModel, SyncModel
 from pollux.goodput.throughput import TINY, _samples_per_step, throughput
 
+BoolArray = npt.NDArray[np.bool_]
+
 NUM_CANDIDATES = 50  # published: numpy geomspace's default
 _SLACK = 1e-8  # keeps ceil() from rounding exact quotients up because of float error
+_CHUNK = 1024  # queries evaluated together by `GoodputModels`: bounds the temporaries
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,16 +146,78 @@ class _Params:
         )
 
 
-def _splits(p: _Params, k: FloatArray, num_candidates: int) -> tuple[FloatArray, ...]:
+@functools.cache
+def _spacing(num: int) -> tuple[FloatArray, FloatArray]:
+    """Columns i and i/(num − 1), i < num: numpy's linspace grid, built once per size."""
+    index = np.arange(num, dtype=np.float64).reshape(-1, 1)
+    fraction = index / max(num - 1, 1)
+    index.setflags(write=False)
+    fraction.setflags(write=False)
+    return index, fraction
+
+
+def _batch_range(p: _Params, k: FloatArray) -> tuple[FloatArray, FloatArray, BoolArray]:
+    """(low, top, feasible): the candidates' range per K; infeasible K get a dummy range."""
+    low = np.maximum(p.m0, p.min_m * k)
+    feasible = low <= p.top
+    low = np.minimum(low, p.top)
+    return low, np.broadcast_to(p.top, low.shape), feasible
+
+
+def _divide_first(low: FloatArray, top: FloatArray, num: int, calls: ArrayLike | None) -> BoolArray:
+    """Per column, whether `np.geomspace` would space its exponents as (i/(num − 1))·Δ.
+
+    numpy spaces them as i·(Δ/(num − 1)), except within a call where some column has Δ = 0:
+    there every column gets (i/(num − 1))·Δ, which can differ in the last bit. Columns batched
+    from several calls (distinct `calls` values; None: one call) keep the spacing their own
+    call would have had, so batching never changes a result.
+    """
+    flat = (np.log10(top) - np.log10(low)) / max(num - 1, 1) == 0
+    if num == 1 or not flat.any():
+        return np.zeros(low.shape, dtype=bool)
+    if calls is None:
+        return np.ones(low.shape, dtype=bool)
+    _, call = np.unique(np.asarray(calls), return_inverse=True)
+    return np.asarray((np.bincount(call, weights=flat) > 0)[call], dtype=bool)
+
+
+def _geomspace(low: FloatArray, top: FloatArray, num: int, divide_first: BoolArray) -> FloatArray:
+    """`np.geomspace(low, top, num)` bit for bit, with the spacing `_divide_first` gives.
+
+    `low` and `top` are positive 1-D arrays of one shape.
+    """
+    if num == 1:
+        return low.reshape(1, -1).astype(np.float64)
+    index, fraction = _spacing(num)
+    log_low, log_top = np.log10(low), np.log10(top)
+    delta = log_top - log_low
+    if not divide_first.any():
+        y = index * (delta / (num - 1))
+    elif divide_first.all():
+        y = fraction * delta
+    else:
+        y = np.where(divide_first, fraction * delta, index * (delta / (num - 1)))
+    y += log_low
+    y[-1] = log_top
+    total = np.power(10.0, y)
+    total[0] = low
+    total[-1] = top
+    return total
+
+
+def _splits(
+    p: _Params, k: FloatArray, num_candidates: int, divide_first: BoolArray | None = None
+) -> tuple[FloatArray, ...]:
     """Candidate total batches for K replicas, split into (m, s), and their worth.
 
     Returns (steps, atomic, t_accum, useful), each (candidates, len(k)); `useful` is the
-    M0-equivalent progress per step, 0 for an invalid candidate.
+    M0-equivalent progress per step, 0 for an invalid candidate. `divide_first`: the spacing
+    of each column's candidates (see `_divide_first`; default: the columns form one call).
     """
-    low = np.maximum(p.m0, p.min_m * k)
-    feasible = low <= p.top
-    low = np.minimum(low, p.top)  # infeasible K get a dummy range, masked below
-    total = np.geomspace(low, np.broadcast_to(p.top, low.shape), num_candidates)
+    low, top, feasible = _batch_range(p, k)
+    if divide_first is None:
+        divide_first = _divide_first(low, top, num_candidates, None)
+    total = _geomspace(low, top, num_candidates, divide_first)
     per_gpu = total / k
     steps = np.ceil(per_gpu / p.max_m - _SLACK) - 1
     # One GPU needs ≥ 2 micro-batches above M0: the noise estimator needs two gradients.
@@ -212,6 +278,65 @@ def _best_batch_flat(
     return _pick(value, atomic, steps, k_index)
 
 
+class GoodputModels:
+    """Several goodput models' parameters as arrays, gathered once and queried many times.
+
+    A scheduler round asks the same jobs' models for goodputs again and again, a few
+    allocations at a time; gathering the parameters of a thousand models costs more than
+    evaluating such a query.
+    """
+
+    def __init__(self, models: Sequence[GoodputModel]) -> None:
+        self.count = len(models)
+        self._params = _Params.of(models)
+
+    def best_goodput(
+        self,
+        model_index: ArrayLike,
+        num_nodes: ArrayLike,
+        num_replicas: ArrayLike,
+        *,
+        calls: ArrayLike | None = None,
+        num_candidates: int = NUM_CANDIDATES,
+    ) -> FloatArray:
+        """Best goodput of (model, N, K) queries in one vectorised evaluation.
+
+        Query i uses model ``model_index[i]`` on (N_i, K_i). Queries with equal `calls`
+        get exactly what one `best_batch` call on them would (numpy spaces a call's candidate
+        batches by all of its K, see `_divide_first`); without `calls` all form one call.
+
+        Returns:
+            Best goodput per query (0 where infeasible).
+        """
+        nodes, replicas = allocation_arrays(num_nodes, num_replicas)
+        index = integer_array("model_index", model_index, minimum=0)
+        nodes, replicas, index = (
+            a.ravel()
+            for a in broadcast(
+                ("num_nodes", nodes), ("num_replicas", replicas), ("model_index", index)
+            )
+        )
+        if index.size and index.max() >= self.count:
+            raise InvalidInputError("model_index", f"must be < {self.count} (number of models)")
+        if index.size == 0:
+            return np.zeros(0)
+        group = None if calls is None else np.broadcast_to(np.asarray(calls), index.shape)
+        k = replicas.astype(np.float64)
+        every = self._params.take(index)
+        low, top, _ = _batch_range(every, k)
+        divide_first = _divide_first(low, top, num_candidates, group)
+        out = np.empty(index.size)
+        for start in range(0, index.size, _CHUNK):  # temporaries that stay in cache
+            part = slice(start, start + _CHUNK)
+            params = every if index.size <= _CHUNK else self._params.take(index[part])
+            steps, _, t_accum, useful = _splits(params, k[part], num_candidates, divide_first[part])
+            gamma = params.theta[6]
+            t_net = _net_times(params, nodes[part], replicas[part])
+            t_optim = (t_accum**gamma + t_net**gamma) ** (1.0 / gamma)
+            out[part] = (useful / (steps * t_accum + t_optim)).max(axis=0)
+        return out
+
+
 def best_goodput_many(
     models: Sequence[GoodputModel],
     model_index: ArrayLike,
@@ -228,20 +353,6 @@ def best_goodput_many(
     Returns:
         Best goodput per query (0 where infeasible), as `best_batch(...).goodput` would.
     """
-    nodes, replicas = allocation_arrays(num_nodes, num_replicas)
-    index = integer_array("model_index", model_index, minimum=0)
-    nodes, replicas, index = (
-        a.ravel()
-        for a in broadcast(("num_nodes", nodes), ("num_replicas", replicas), ("model_index", index))
+    return GoodputModels(models).best_goodput(
+        model_index, num_nodes, num_replicas, num_candidates=num_candidates
     )
-    if index.size and index.max() >= len(models):
-        raise InvalidInputError("model_index", f"must be < {len(models)} (number of models)")
-    if index.size == 0:
-        return np.zeros(0)
-    params = _Params.of(models).take(index)
-    steps, atomic, t_accum, useful = _splits(params, replicas.astype(np.float64), num_candidates)
-    gamma = params.theta[6]
-    t_net = _net_times(params, nodes, replicas)
-    t_optim = (t_accum**gamma + t_net**gamma) ** (1.0 / gamma)
-    value = useful / (steps * t_accum + t_optim)
-    return _pick(value, atomic, steps, np.arange(index.size))[0]

@@ -15,6 +15,8 @@ Every phase is deterministic: ties go to the earlier job and node in the snapsho
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,28 +65,27 @@ def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[Flo
     """
     width = int(problem.max_k.max(initial=0)) + 1
     table = np.full((problem.num_jobs, width), -np.inf)
-    keep = np.zeros(problem.num_jobs, dtype=bool)
     eps, p = problem.params.epsilon, problem.params.p
     staying = problem.utilities(problem.current)
-    for j in range(problem.num_jobs):
-        top = int(problem.max_k[j])
-        ks = np.arange(1, top + 1)
-        table[j, 0] = utility(np.array([eps]), p)[0]
-        if top == 0:
-            continue
-        speed = problem.speedup[j](problem.consolidated_nodes(ks), ks)
-        table[j, 1 : top + 1] = utility(problem.scale * speed * problem.penalty[j] + eps, p)
-        k_cur = int(problem.current[j].sum())
-        if 0 < k_cur <= top:
-            stay = float(staying[j])
-            keep[j] = stay >= table[j, k_cur]
-            table[j, k_cur] = max(table[j, k_cur], stay)
-        if problem.min_k[j] > 1:
-            table[j, 1 : problem.min_k[j]] = -np.inf
-        if whole_nodes:
-            g = max(problem.gpus_per_node, 1)
-            partial = (ks > g) & (ks % g != 0) & (ks != k_cur)
-            table[j, ks[partial]] = -np.inf
+    table[:, 0] = utility(np.array([eps]), p)[0]
+    tops = problem.max_k
+    jobs = np.repeat(problem.every_job, tops)
+    ks = np.arange(jobs.size) - np.repeat(np.cumsum(tops) - tops, tops) + 1
+    speed = problem.speedups.lookup(jobs, problem.consolidated_nodes(ks), ks)
+    table[jobs, ks] = utility(problem.scale * speed * problem.penalty[jobs] + eps, p)
+    k_cur = problem.current_k
+    stays = np.nonzero((k_cur > 0) & (k_cur <= tops))[0]
+    stay = staying[stays]
+    keep = np.zeros(problem.num_jobs, dtype=bool)
+    keep[stays] = stay >= table[stays, k_cur[stays]]
+    table[stays, k_cur[stays]] = np.maximum(table[stays, k_cur[stays]], stay)
+    sizes = np.arange(width)
+    below_gang = (sizes >= 1) & (sizes < problem.min_k[:, None])
+    table[below_gang] = -np.inf
+    if whole_nodes:
+        g = max(problem.gpus_per_node, 1)
+        partial = (sizes > g) & (sizes % g != 0) & (sizes != k_cur[:, None])
+        table[partial] = -np.inf
     return table, keep
 
 
@@ -98,6 +99,10 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
     With `whole_nodes`, jobs larger than a node may only take whole nodes (or keep their
     current size). Returns the counts and, per job, whether staying exactly where it is beat
     re-placing it.
+
+    Each job's best jump is kept in a heap and recomputed only when the job grows or when the
+    jump no longer fits the budgets as it reaches the top: budgets only shrink, so a jump that
+    still fits is still its job's best, and one that does not is an upper bound.
     """
     table, keep = count_utilities(problem, whole_nodes=whole_nodes)
     num_jobs, width = table.shape
@@ -117,19 +122,38 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
         best = np.argmax(gain, axis=1)
         return gain[np.arange(rows.size), best], best
 
-    every = np.arange(num_jobs)
-    gains, targets = best_jumps(every)
-    while free > 0:
-        j = int(np.argmax(gains))
-        if not gains[j] > 0:
+    def best_jump(j: int, now: int) -> tuple[float, int]:
+        """`best_jumps` of one job at size `now`: the jumps that fit are sizes now+1 … top."""
+        top = min(now + free, width - 1)
+        top = min(top, int(np.searchsorted(node_need, node_need[now] + free_nodes, "right")) - 1)
+        if top <= now:
+            return -math.inf, 0
+        gain = (table[j, now + 1 : top + 1] - table[j, now]) / sizes[1 : top - now + 1]
+        best = int(np.argmax(gain))
+        if gain[best] == -np.inf:
+            return -math.inf, 0
+        return float(gain[best]), now + 1 + best
+
+    first_gains, first_targets = best_jumps(problem.every_job)
+    targets = first_targets.tolist()
+    heap = [(-g, j) for j, g in enumerate(first_gains.tolist())]
+    heapq.heapify(heap)
+    count = [0] * num_jobs
+    while free > 0 and heap:
+        loss, j = heap[0]
+        target, now = targets[j], count[j]
+        if target - now > free or node_need[target] - node_need[now] > free_nodes:
+            gain, targets[j] = best_jump(j, now)  # its jump no longer fits
+            heapq.heapreplace(heap, (-gain, j))
+            continue
+        if not -loss > 0:
             break
-        free -= int(targets[j] - counts[j])
-        free_nodes -= int(node_need[targets[j]] - node_need[counts[j]])
-        counts[j] = targets[j]
-        jump = targets - counts
-        over = (jump > free) | (node_need[targets] - node_need[counts] > free_nodes)
-        stale = np.nonzero(over | (every == j))[0]
-        gains[stale], targets[stale] = best_jumps(stale)
+        free -= target - now
+        free_nodes -= int(node_need[target] - node_need[now])
+        count[j] = target
+        gain, targets[j] = best_jump(j, target)
+        heapq.heapreplace(heap, (-gain, j))
+    counts[:] = count
     return counts, keep
 
 
@@ -151,6 +175,7 @@ class Cluster:
     placed: IntArray
     free: IntArray
     owner: IntArray  # index of the distributed job on each node, or -1
+    spans: list[int]  # nodes each job holds
 
     @classmethod
     def empty(cls, problem: Problem) -> Cluster:
@@ -159,6 +184,7 @@ class Cluster:
             placed=np.zeros_like(problem.current),
             free=problem.capacity.copy(),
             owner=np.full(problem.capacity.size, -1, dtype=np.int64),
+            spans=[0] * problem.num_jobs,
         )
 
     def assign(self, j: int, row: IntArray) -> None:
@@ -166,38 +192,48 @@ class Cluster:
         self.release(j)
         self.placed[j] = row
         self.free -= row
-        if np.count_nonzero(row) > 1:
+        self.spans[j] = int(np.count_nonzero(row))
+        if self.spans[j] > 1:
             self.owner[row > 0] = j
 
     def release(self, j: int) -> None:
         """Take all GPUs away from job j."""
+        if self.spans[j] == 0:
+            return  # it holds nothing, so it owns no node either
         self.free += self.placed[j]
-        self.owner[self.owner == j] = -1
+        if self.spans[j] > 1:
+            self.owner[self.owner == j] = -1
         self.placed[j] = 0
+        self.spans[j] = 0
 
 
 def place(problem: Problem, counts: IntArray, keep: BoolArray) -> IntArray:
     """Realise the chosen counts on nodes; jobs whose stay won in phase 1 keep their nodes."""
     cluster = Cluster.empty(problem)
     kept = set()
-    for j in range(problem.num_jobs):
-        if keep[j] and counts[j] == problem.current[j].sum() and fits_as_is(problem, cluster, j):
+    wanted, current_k = counts.tolist(), problem.current_k.tolist()
+    for j in np.nonzero(keep)[0].tolist():
+        if wanted[j] == current_k[j] and fits_as_is(problem, cluster, j):
             cluster.assign(j, problem.current[j].copy())
             kept.add(j)
     order = sorted(
-        (j for j in range(problem.num_jobs) if counts[j] > 0 and j not in kept),
-        key=lambda j: (-counts[j], j),
+        (j for j in range(problem.num_jobs) if wanted[j] > 0 and j not in kept),
+        key=lambda j: (-wanted[j], j),
     )
     # GPUs still held by jobs placed later: avoid them so those jobs can stay where they are.
     reserved = problem.current[order].sum(axis=0) if order else np.zeros_like(cluster.free)
     for j in order:
-        reserved = reserved - problem.current[j]
-        options = placement_options(problem, cluster, j, int(counts[j]), reserved)
-        if counts[j] == problem.current[j].sum() and fits_as_is(problem, cluster, j):
-            options.append(problem.current[j].copy())
+        reserved -= problem.current[j]
+        options = _placements(problem, cluster, j, wanted[j], reserved)
+        if wanted[j] == current_k[j] and fits_as_is(problem, cluster, j):
+            options.append(
+                (problem.current[j].copy(), int(problem.current_spans[j]), current_k[j], False)
+            )
         if options:
-            values = problem.values(j, np.array(options))
-            cluster.assign(j, options[int(np.argmax(values))])
+            values = problem.row_values(
+                j, [o[1] for o in options], [o[2] for o in options], [o[3] for o in options]
+            )
+            cluster.assign(j, options[int(np.argmax(values))][0])
     return cluster.placed
 
 
@@ -207,7 +243,7 @@ def fits_as_is(problem: Problem, cluster: Cluster, j: int) -> bool:
     if (row > cluster.free).any():
         return False
     avoid = problem.params.interference_avoidance
-    return not (avoid and problem.is_distributed(row) and (cluster.owner[row > 0] >= 0).any())
+    return not (avoid and problem.current_spans[j] > 1 and (cluster.owner[row > 0] >= 0).any())
 
 
 def placement_options(
@@ -220,30 +256,54 @@ def placement_options(
     fit or (spread) the most free GPUs, then node order. The spread option uses only nodes that
     host no other distributed job, up to the node cap.
     """
+    return [option[0] for option in _placements(problem, cluster, j, k, reserved)]
+
+
+def _placements(
+    problem: Problem, cluster: Cluster, j: int, k: int, reserved: IntArray | None
+) -> list[tuple[IntArray, int, int, bool]]:
+    """`placement_options` with each row's N, K and whether it differs from the current one."""
     free = cluster.free
     own = problem.current[j] > 0
     unclaimed = free - (reserved if reserved is not None else 0)
     options = []
     fits = np.nonzero(free >= k)[0]
+    node, size = -1, 0
     if fits.size:
         evicts = np.maximum(k - unclaimed[fits], 0)
-        node = fits[np.lexsort((fits, free[fits], evicts, ~own[fits]))[0]]
-        options.append(_single(free.size, node, k))
+        node, size = int(fits[np.lexsort((fits, free[fits], evicts, ~own[fits]))[0]]), k
     elif free.max(initial=0) > 0:
         some = np.nonzero(free > 0)[0]
-        node = some[np.lexsort((some, -free[some], -unclaimed[some], ~own[some]))[0]]
-        options.append(_single(free.size, node, int(free[node])))
+        node = int(some[np.lexsort((some, -free[some], -unclaimed[some], ~own[some]))[0]])
+        size = int(free[node])
+    if node >= 0:
+        same = problem.current_spans[j] == 1 and problem.current[j, node] == size
+        options.append((_single(free.size, node, size), 1, size, not same))
     open_nodes = free > 0
     if problem.params.interference_avoidance:
         open_nodes &= cluster.owner < 0
     candidates = np.nonzero(open_nodes)[0]
-    if candidates.size > 1:
+    if candidates.size > 1 and _first_free(candidates, free, unclaimed, own) < k:
         keys = (candidates, -free[candidates], -unclaimed[candidates], ~own[candidates])
         ranked = candidates[np.lexsort(keys)][: problem.max_nodes]
         row = _take(free, ranked, k)
-        if np.count_nonzero(row) > 1:
-            options.append(row)
+        spans = int(np.count_nonzero(row))
+        if spans > 1:
+            changed = bool((row != problem.current[j]).any())
+            options.append((row, spans, int(row.sum()), changed))
     return options
+
+
+def _first_free(candidates: IntArray, free: IntArray, unclaimed: IntArray, own: BoolArray) -> int:
+    """Free GPUs of the node the spread option would rank first.
+
+    When they hold all k GPUs the spread row is the single-node one, so ranking is skipped.
+    """
+    mine = own[candidates]
+    if mine.any():
+        candidates = candidates[mine]
+    spare = unclaimed[candidates]
+    return int(free[candidates][spare == spare.max()].max())
 
 
 def _single(size: int, node: int, k: int) -> IntArray:
@@ -256,65 +316,140 @@ def _single(size: int, node: int, k: int) -> IntArray:
 
 
 def fill(problem: Problem, placed: IntArray) -> IntArray:
-    """Give GPUs left idle to the growth moves with the best exact utility gain per GPU."""
+    """Give GPUs left idle to the growth moves with the best exact utility gain per GPU.
+
+    Each pass values every job's growth options in one batch: nothing changes within a pass,
+    and the best move is the first largest gain in job order, as if judged one by one.
+    """
     cluster = Cluster.empty(problem)
     for j in range(problem.num_jobs):
         if placed[j].any():
             cluster.assign(j, placed[j].copy())
     while cluster.free.sum() > 0:
-        best_gain, best_j, best_row = 0.0, -1, None
-        for j in range(problem.num_jobs):
-            rows = growth_options(problem, cluster, j)
-            if not rows:
-                continue
-            candidates = np.array(rows)
-            added = candidates.sum(axis=1) - cluster.placed[j].sum()
-            here = problem.values(j, cluster.placed[j])[0]
-            gains = (problem.values(j, candidates) - here) / added
-            i = int(np.argmax(gains))
-            if gains[i] > best_gain:
-                best_gain, best_j, best_row = float(gains[i]), j, candidates[i]
-        if best_row is None:
+        idle = _Idle.of(problem, cluster)
+        jobs: list[int] = []
+        rows: list[IntArray] = []
+        growing: list[int] = []
+        for j in np.nonzero(idle.room > 0)[0].tolist():
+            options = growth_options(problem, cluster, j, idle)
+            if options:
+                growing.append(j)
+                jobs += [j] * len(options)
+                rows += options
+        if not rows:
             break
-        cluster.assign(best_j, best_row)
+        grow = np.array(growing)
+        here = np.zeros(problem.num_jobs)
+        here[grow] = problem.values_at(
+            grow, idle.spans[grow], idle.held[grow], idle.moved[grow]
+        )  # before the options: the order in which one-by-one valuation would ask
+        candidates, owner = np.array(rows), np.array(jobs)
+        values = problem.values_at(
+            owner,
+            np.count_nonzero(candidates, axis=1),
+            candidates.sum(axis=1),
+            (candidates != problem.current[owner]).any(axis=1),
+        )
+        gains = (values - here[owner]) / (candidates.sum(axis=1) - idle.held[owner])
+        best = int(np.argmax(gains))
+        if not gains[best] > 0.0:
+            break
+        cluster.assign(int(owner[best]), candidates[best])
     return cluster.placed
 
 
-def growth_options(problem: Problem, cluster: Cluster, j: int) -> list[IntArray]:
+@dataclass(frozen=True, slots=True)
+class _Idle:
+    """Idle GPUs and every job's holdings during one fill pass, computed once for all jobs.
+
+    Attributes:
+        total: Idle GPUs.
+        nodes: Nodes with idle GPUs, in node order.
+        spread: Those a job may spread onto (no distributed job on them under interference
+            avoidance), most idle GPUs first, then node order.
+        held: GPUs per job.
+        spans: Nodes per job.
+        room: GPUs each job may still add.
+        moved: Whether a job's row differs from its current allocation.
+        blocked: Whether a job shares a node with another distributed job.
+    """
+
+    total: int
+    nodes: list[int]
+    spread: list[int]
+    held: IntArray
+    spans: IntArray
+    room: IntArray
+    moved: BoolArray
+    blocked: BoolArray
+
+    @classmethod
+    def of(cls, problem: Problem, cluster: Cluster) -> _Idle:
+        """The state of `cluster` now."""
+        free, placed, owner = cluster.free, cluster.placed, cluster.owner
+        nodes = np.nonzero(free > 0)[0]
+        avoid = problem.params.interference_avoidance
+        spread = nodes[owner[nodes] < 0] if avoid else nodes
+        held = placed.sum(axis=1)
+        blocked = np.zeros(problem.num_jobs, dtype=bool)
+        if avoid:
+            others = (owner >= 0) & (owner != problem.every_job[:, None])
+            blocked = ((placed > 0) & others).any(axis=1)
+        return cls(
+            total=int(free.sum()),
+            nodes=nodes.tolist(),
+            spread=spread[np.lexsort((spread, -free[spread]))].tolist(),
+            held=held,
+            spans=np.count_nonzero(placed, axis=1),
+            room=problem.max_k - held,
+            moved=(placed != problem.current).any(axis=1),
+            blocked=blocked,
+        )
+
+
+def growth_options(
+    problem: Problem, cluster: Cluster, j: int, idle: _Idle | None = None
+) -> list[IntArray]:
     """Rows that add idle GPUs to job j, never past its max_replicas.
 
     A job without GPUs gets fresh placements of every size that fits; a running job can grow
     on the nodes it holds (N unchanged) or, unless it shares a node with another distributed
-    job, spread onto nodes that host no other distributed job.
+    job, spread onto nodes that host no other distributed job. `idle`: the cluster's state,
+    when computed already.
     """
+    idle = idle or _Idle.of(problem, cluster)
     row = cluster.placed[j]
-    k = int(row.sum())
-    room = int(problem.max_k[j]) - k
-    free = cluster.free
-    if room <= 0 or free.sum() == 0:
+    k, room = int(idle.held[j]), int(idle.room[j])
+    if room <= 0 or idle.total == 0:
         return []
     if k == 0:
-        top = min(room, int(free.sum()))
+        top = min(room, idle.total)
         sizes = range(max(1, int(problem.min_k[j])), top + 1)
         return [o for size in sizes for o in placement_options(problem, cluster, j, size)]
-    own = np.nonzero(row)[0]
-    local = min(room, int(free[own].sum()))
-    options = [row + _take(free, own, extra) for extra in range(1, local + 1)]
-    avoid = problem.params.interference_avoidance
-    owners = cluster.owner[own]
-    if avoid and np.any((owners >= 0) & (owners != j)):
+    free = cluster.free
+    own = [(node, int(free[node])) for node in idle.nodes if row[node] > 0]
+    local = min(room, sum(count for _, count in own))
+    options = [_added(row, own, extra) for extra in range(1, local + 1)]
+    if idle.blocked[j]:
         return options  # it shares a node with another distributed job: it must stay local
-    others = (free > 0) & (row == 0)
-    if avoid:
-        others &= cluster.owner < 0
-    slots = problem.max_nodes - own.size
-    if others.any() and slots > 0:
-        nodes = np.nonzero(others)[0]
-        ranked = nodes[np.lexsort((nodes, -free[nodes]))][:slots]
-        grown = row + _take(free, np.concatenate([own, ranked]), room)
-        if np.count_nonzero(grown) > own.size:
-            options.append(grown)
+    slots = problem.max_nodes - int(idle.spans[j])
+    if slots > 0:
+        ranked = [(node, int(free[node])) for node in idle.spread if row[node] == 0][:slots]
+        if ranked and local < room:  # some GPUs come from a new node
+            options.append(_added(row, own + ranked, room))
     return options
+
+
+def _added(row: IntArray, free: list[tuple[int, int]], amount: int) -> IntArray:
+    """`row` plus up to `amount` GPUs from (node, free GPUs) pairs, visited in order."""
+    out = row.copy()
+    for node, count in free:
+        take = min(count, amount)
+        out[node] += take
+        amount -= take
+        if amount == 0:
+            break
+    return out
 
 
 def _take(free: IntArray, order: IntArray, amount: int) -> IntArray:
@@ -356,129 +491,252 @@ def improve(problem: Problem, placed: IntArray) -> IntArray:
     the way so that its neighbour can grow in place. Two moves can, each judged by its exact
     change of the objective: *trade* d GPUs on a node from one job to another (or to a job
     without GPUs), and *make room*: a single-node job moves wholly onto free GPUs elsewhere
-    and another job takes the GPUs it left. Only the jobs a move touches are re-evaluated.
+    and another job takes the GPUs it left. Only the jobs a move touches are re-evaluated,
+    and only the nodes they hold are searched again.
     """
     cluster = Cluster.empty(problem)
     for j in range(problem.num_jobs):
         if placed[j].any():
             cluster.assign(j, placed[j].copy())
     here = problem.utilities(cluster.placed)
-    deltas = [_deltas(problem, cluster, here, j) for j in range(problem.num_jobs)]
+    deltas = _all_deltas(problem, cluster, here, list(range(problem.num_jobs)))
+    moves = _Moves(problem, cluster)
     for _ in range(MOVE_BUDGET * len(problem.node_names)):
-        move = _best_move(problem, cluster, deltas)
+        move = moves.best(deltas)
         if move is None:
             break
         free_before = cluster.free.copy()
+        held_before = {j: np.nonzero(cluster.placed[j])[0] for j, _ in move}
         for j, row in move:
             cluster.assign(j, row)
             here[j] = problem.values(j, row)[0]
-        touched = {j for j, _ in move}
+        touched = sorted(held_before)
         if not np.array_equal(free_before, cluster.free):
-            touched = set(range(problem.num_jobs))  # relocations depend on free GPUs
-        for j in touched:
-            deltas[j] = _deltas(problem, cluster, here, j)
+            touched = list(range(problem.num_jobs))  # relocations depend on free GPUs
+            moves.forget()
+        else:
+            for j, row in move:
+                moves.forget(np.union1d(held_before[j], np.nonzero(row)[0]))
+        for j, delta in zip(touched, _all_deltas(problem, cluster, here, touched), strict=True):
+            deltas[j] = delta
     return cluster.placed
 
 
-def _deltas(problem: Problem, cluster: Cluster, here: FloatArray, j: int) -> _Deltas:
-    row = cluster.placed[j]
-    k = int(row.sum())
-    room = int(problem.max_k[j]) - k
-    lose: dict[int, FloatArray] = {}
-    gain: dict[int, FloatArray] = {}
-    start = np.zeros(0)
-    candidates, owners = [], []
-    for node in (int(n) for n in np.nonzero(row)[0]):
-        for d in range(1, int(row[node]) + 1):
-            shrunk = row.copy()
-            shrunk[node] -= d
-            if 0 < k - d < problem.min_k[j]:
-                continue  # below its gang size: all or nothing
-            candidates.append(shrunk)
-            owners.append(("lose", node, d))
-        for d in range(1, min(room, int(problem.capacity[node] - row[node])) + 1):
-            grown = row.copy()
-            grown[node] += d
-            candidates.append(grown)
-            owners.append(("gain", node, d))
-    if k == 0 and room > 0:
-        lowest = max(1, int(problem.min_k[j]))
-        for d in range(lowest, min(room, problem.gpus_per_node) + 1):
-            candidates.append(_single(row.size, 0, d))
-            owners.append(("start", 0, d))
-    if candidates:
-        values = problem.values(j, np.array(candidates)) - here[j]
-        by_kind: dict[tuple[str, int], dict[int, float]] = {}
-        for (kind, node, d), value in zip(owners, values, strict=True):
-            by_kind.setdefault((kind, node), {})[d] = float(value)
-        for (kind, node), table in by_kind.items():
-            arr = np.full(max(table) + 1, -np.inf)
-            arr[list(table)] = list(table.values())
-            target = lose if kind == "lose" else gain if kind == "gain" else None
-            if target is None:
-                start = arr
-            else:
-                target[node] = arr
-    return _Deltas(lose, gain, start, _relocation(problem, cluster, here, j))
+def _all_deltas(
+    problem: Problem, cluster: Cluster, here: FloatArray, jobs: list[int]
+) -> list[_Deltas]:
+    """`_Deltas` of each of `jobs`, valued in two batches (all moves, then all relocations)."""
+    moves = _MoveSet.of(problem, cluster, jobs)
+    values = np.zeros(0)
+    if moves.owner:
+        who = np.array(moves.owner)
+        worth = problem.values_at(
+            who, np.array(moves.spans), np.array(moves.sizes), np.array(moves.changed)
+        )
+        values = worth - here[who]
+    relocations = _relocations(problem, cluster, here, jobs)
+    out = [_Deltas({}, {}, np.zeros(0), move) for move in relocations]
+    for i, kind, node, ds, offset in moves.groups:
+        arr = np.full(ds[-1] + 1, -np.inf)
+        arr[ds] = values[offset : offset + len(ds)]
+        if kind == "lose":
+            out[i].lose[node] = arr
+        elif kind == "gain":
+            out[i].gain[node] = arr
+        else:
+            out[i].start = arr
+    return out
 
 
-def _relocation(
-    problem: Problem, cluster: Cluster, here: FloatArray, j: int
-) -> tuple[float, IntArray] | None:
-    """Best re-placement of a single-node job j onto free GPUs on other nodes."""
-    row = cluster.placed[j].copy()  # release() below zeroes the live row
-    nodes = np.nonzero(row)[0]
-    if nodes.size != 1 or cluster.free.sum() < row.sum():
-        return None
-    node, size = int(nodes[0]), int(row.sum())
-    cluster.release(j)
-    saved = cluster.free[node]
-    cluster.free[node] = 0  # elsewhere: its GPUs here are for the job that takes them
-    options = [o for o in placement_options(problem, cluster, j, size) if o.sum() == size]
-    cluster.free[node] = saved
-    cluster.assign(j, row)
-    if not options:
-        return None
-    values = problem.values(j, np.array(options)) - here[j]
-    best = int(np.argmax(values))
-    return float(values[best]), options[best]
+@dataclass(slots=True)
+class _MoveSet:
+    """The one-node moves of several jobs, described without building their rows.
+
+    A move changes one node of the job's row by d, so its (N, K), and whether it gives back
+    the job's current allocation, follow from the row alone.
+
+    Attributes:
+        groups: (position in the job list, "lose" | "gain" | "start", node, the amounts d in
+            increasing order, index of the first of these moves) per kind of move and node.
+        owner: Job of each move.
+        spans: N after each move.
+        sizes: K after each move.
+        changed: Whether the row after the move differs from the current allocation.
+    """
+
+    groups: list[tuple[int, str, int, list[int], int]]
+    owner: list[int]
+    spans: list[int]
+    sizes: list[int]
+    changed: list[bool]
+
+    @classmethod
+    def of(cls, problem: Problem, cluster: Cluster, jobs: list[int]) -> _MoveSet:
+        """The moves `_Deltas` values for each of `jobs`."""
+        placed, current = cluster.placed[jobs], problem.current[jobs]
+        held, spans = placed.sum(axis=1).tolist(), np.count_nonzero(placed, axis=1).tolist()
+        differs = placed != current
+        capacity = problem.capacity.tolist()
+        out = cls([], [], [], [], [])
+        for i, j in enumerate(jobs):
+            row, k, n = placed[i], held[i], spans[i]
+            room, gang = int(problem.max_k[j]) - k, int(problem.min_k[j])
+            diff = np.nonzero(differs[i])[0]
+            # The one move that gives back the current allocation, (node, change), if any.
+            back = (
+                (int(diff[0]), int(current[i, diff[0]] - row[diff[0]])) if diff.size == 1 else None
+            )
+            nodes = np.nonzero(row)[0].tolist()
+            for node, r in zip(nodes, row[nodes].tolist(), strict=True):
+                # Below its gang size a job runs on all or nothing.
+                ds = [d for d in range(1, r + 1) if not 0 < k - d < gang]
+                out.add((i, "lose", node), ds, [n - (d == r) for d in ds], k, -1, back)
+                ds = list(range(1, min(room, capacity[node] - r) + 1))
+                out.add((i, "gain", node), ds, [n] * len(ds), k, 1, back)
+            if k == 0 and room > 0:
+                ds = list(range(max(1, gang), min(room, problem.gpus_per_node) + 1))
+                out.add((i, "start", 0), ds, [1] * len(ds), 0, 1, back)
+            out.owner += [j] * (len(out.spans) - len(out.owner))
+        return out
+
+    def add(
+        self,
+        key: tuple[int, str, int],
+        ds: list[int],
+        spans: list[int],
+        k: int,
+        sign: int,
+        back: tuple[int, int] | None,
+    ) -> None:
+        """Record the moves of one kind on one node: K becomes k + sign·d for each d in `ds`.
+
+        `back` is the one move, (node, change), that gives back the current allocation.
+        """
+        if ds:
+            i, kind, node = key
+            self.groups.append((i, kind, node, ds, len(self.spans)))
+            self.spans += spans
+            self.sizes += [k + sign * d for d in ds]
+            self.changed += [back != (node, sign * d) for d in ds]
 
 
-def _best_move(
-    problem: Problem, cluster: Cluster, deltas: list[_Deltas]
-) -> list[tuple[int, IntArray]] | None:
-    """The improving trade or make-room move with the largest gain: (job, new row) pairs."""
-    idle_gain, idle_job = _best_idle(problem, deltas)
+def _relocations(
+    problem: Problem, cluster: Cluster, here: FloatArray, jobs: list[int]
+) -> list[tuple[float, IntArray] | None]:
+    """Best re-placement of each single-node job of `jobs` onto free GPUs on other nodes."""
+    free_total = int(cluster.free.sum())
+    owner: list[int] = []
+    options: list[IntArray] = []
+    counts = []
+    for j in jobs:
+        row = cluster.placed[j].copy()  # release() below zeroes the live row
+        nodes = np.nonzero(row)[0]
+        size = int(row.sum())
+        found: list[IntArray] = []
+        if nodes.size == 1 and free_total >= size:
+            node = int(nodes[0])
+            cluster.release(j)
+            saved = cluster.free[node]
+            cluster.free[node] = 0  # elsewhere: its GPUs here are for the job that takes them
+            found = [o for o in placement_options(problem, cluster, j, size) if o.sum() == size]
+            cluster.free[node] = saved
+            cluster.assign(j, row)
+        counts.append(len(found))
+        owner += [j] * len(found)
+        options += found
+    out: list[tuple[float, IntArray] | None] = [None] * len(jobs)
+    if options:
+        rows, who = np.array(options), np.array(owner)
+        values = problem.values_at(
+            who,
+            np.count_nonzero(rows, axis=1),
+            rows.sum(axis=1),
+            (rows != problem.current[who]).any(axis=1),
+        )
+        gains = values - here[who]
+        start = 0
+        for i, count in enumerate(counts):
+            if count:
+                best = start + int(np.argmax(gains[start : start + count]))
+                out[i] = float(gains[best]), options[best]
+            start += count
+    return out
+
+
+class _Moves:
+    """The best move found on each node, kept until a move touches the node's jobs.
+
+    The best move overall is the first largest of the nodes' bests in node order, exactly
+    the move a search over every node would find.
+    """
+
+    def __init__(self, problem: Problem, cluster: Cluster) -> None:
+        self.problem = problem
+        self.cluster = cluster
+        self.gain = np.full(len(problem.node_names), -np.inf)
+        self.move: list[list[tuple[int, IntArray]] | None] = [None] * self.gain.size
+        self.stale = np.ones(self.gain.size, dtype=bool)
+        self.idle: tuple[FloatArray, IntArray] | None = None
+
+    def forget(self, nodes: IntArray | None = None) -> None:
+        """Search `nodes` (default: all) again at the next `best`."""
+        if nodes is None:
+            self.stale[:] = True
+        else:
+            self.stale[nodes] = True
+
+    def best(self, deltas: list[_Deltas]) -> list[tuple[int, IntArray]] | None:
+        """The improving trade or make-room move with the largest gain: (job, new row) pairs."""
+        idle = _best_idle(self.problem, deltas)
+        if self.idle is None or not all(map(np.array_equal, idle, self.idle)):
+            self.stale[:] = True  # every node may trade with a job without GPUs
+        self.idle = idle
+        held = self.cluster.placed.sum(axis=0) > 0
+        for node in np.nonzero(self.stale)[0].tolist():
+            self.gain[node], self.move[node] = -np.inf, None
+            if held[node]:
+                gain, move = _node_move(self.cluster, deltas, idle, node)
+                if move is not None:
+                    self.gain[node], self.move[node] = gain, move
+        self.stale[:] = False
+        node = int(np.argmax(self.gain))
+        return self.move[node] if self.gain[node] > -np.inf else None
+
+
+def _node_move(
+    cluster: Cluster, deltas: list[_Deltas], idle: tuple[FloatArray, IntArray], node: int
+) -> tuple[float, list[tuple[int, IntArray]] | None]:
+    """The improving trade or make-room move on `node` with the largest gain, and the gain."""
+    idle_gain, idle_job = idle
     best_gain, best_move = _MIN_GAIN, None
-    for node in (int(n) for n in np.nonzero(cluster.placed.sum(axis=0))[0]):
-        holders = [int(j) for j in np.nonzero(cluster.placed[:, node])[0]]
-        for giver in holders:
-            losses = deltas[giver].lose.get(node)
-            relocation = deltas[giver].move
-            held = int(cluster.placed[giver, node])
-            takers = [(t, deltas[t].gain.get(node)) for t in holders if t != giver]
-            takers.append((-1, idle_gain))  # -1: the best job without GPUs, per amount
-            for taker, gains in takers:
-                if gains is None:
-                    continue
-                if losses is not None:
-                    top = min(losses.size, gains.size)
-                    total = losses[1:top] + gains[1:top]
-                    if total.size and total.max() > best_gain:
-                        d = int(np.argmax(total)) + 1
-                        best_gain = float(total.max())
-                        who = taker if taker >= 0 else int(idle_job[d])
-                        best_move = _trade(cluster, node, giver, who, d)
-                if relocation is not None and held < gains.size:
-                    total_room = relocation[0] + gains[held]
-                    if total_room > best_gain:
-                        best_gain = float(total_room)
-                        who = taker if taker >= 0 else int(idle_job[held])
-                        best_move = [
-                            (giver, relocation[1]),
-                            (who, _grown(cluster, who, node, held)),
-                        ]
-    return best_move
+    holders = np.nonzero(cluster.placed[:, node])[0].tolist()
+    for giver in holders:
+        losses = deltas[giver].lose.get(node)
+        relocation = deltas[giver].move
+        held = int(cluster.placed[giver, node])
+        takers = [(t, deltas[t].gain.get(node)) for t in holders if t != giver]
+        takers.append((-1, idle_gain))  # -1: the best job without GPUs, per amount
+        for taker, gains in takers:
+            if gains is None:
+                continue
+            if losses is not None:
+                top = min(losses.size, gains.size)
+                total = losses[1:top] + gains[1:top]
+                if total.size and total.max() > best_gain:
+                    d = int(np.argmax(total)) + 1
+                    best_gain = float(total.max())
+                    who = taker if taker >= 0 else int(idle_job[d])
+                    best_move = _trade(cluster, node, giver, who, d)
+            if relocation is not None and held < gains.size:
+                total_room = relocation[0] + gains[held]
+                if total_room > best_gain:
+                    best_gain = float(total_room)
+                    who = taker if taker >= 0 else int(idle_job[held])
+                    best_move = [
+                        (giver, relocation[1]),
+                        (who, _grown(cluster, who, node, held)),
+                    ]
+    return best_gain, best_move
 
 
 def _best_idle(problem: Problem, deltas: list[_Deltas]) -> tuple[FloatArray, IntArray]:

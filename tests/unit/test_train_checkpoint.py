@@ -125,7 +125,7 @@ def run_example(ckpt, *args, timeout=60):
 
 def test_sigterm_checkpoints_exits_143_and_the_next_start_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = ["--samples", "512", "--batch-size", "32", "--epochs", "50", "--step-sleep", "0.004"]
+    args = ["--samples", "512", "--batch-size", "32", "--epochs", "50", "--emulate-ms", "4,0"]
     proc = run_example(ckpt, *args)
     try:
         first = proc.stdout.readline()
