@@ -587,7 +587,9 @@ class GradientCollector:
         if not tensors:
             return self._zero()
         norms = torch._foreach_norm([t.detach() for t in tensors], dtype=torch.float32)
-        return torch.stack([n.to(self.device) for n in norms]).double().square().sum()
+        if {n.device for n in norms} != {self.device}:  # parameters on several devices
+            norms = tuple(n.to(self.device) for n in norms)
+        return torch.stack(norms).double().square().sum()
 
     def _divisor(self, param: torch.Tensor, group: int) -> torch.Tensor | None:
         if self._precondition is None:
