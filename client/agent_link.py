@@ -23,6 +23,9 @@ from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
+_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+"""Codes with which the agent refuses a report for good."""
+
 
 class AgentLink:
     """Reports metrics to, and reads batch configurations from, the job's agents.
@@ -78,7 +81,11 @@ class AgentLink:
         raise last
 
     def send(self, batch: MetricsBatch) -> None:
-        """Deliver one report (MetricsSink); raises if no agent took it."""
+        """Deliver one report (MetricsSink); raises if no agent took it, to be retried.
+
+        A report the agent rejects for good (INVALID_ARGUMENT, or NOT_FOUND: the job is gone)
+        is logged and dropped instead: retrying it would only hold up the reports behind it.
+        """
         request = apb.ReportMetricsRequest(
             job_id=batch.job_id,
             generation=batch.generation,
@@ -100,7 +107,18 @@ class AgentLink:
         if batch.grad is not None:
             request.gradient.sqr = float(batch.grad.sqr)
             request.gradient.var = float(batch.grad.var)
-        self._call("ReportMetrics", request)
+        try:
+            self._call("ReportMetrics", request)
+        except grpc.RpcError as error:
+            if error.code() not in _FINAL:
+                raise
+            log.warning(
+                "metrics_rejected",
+                job_id=self.job_id,
+                seq=batch.seq,
+                code=error.code().name,
+                error=error.details(),
+            )
 
     def batch_config(self, *, num_nodes: int, num_replicas: int) -> BatchConfig | None:
         """The latest configuration for this shape, or None before the agent has one."""
@@ -120,6 +138,8 @@ class AgentLink:
         except grpc.RpcError as error:
             log.debug("batch_config_unavailable", job_id=self.job_id, code=error.code().name)
             return
+        except ValueError:  # the channel was closed under a refresh in flight: shutting down
+            return
         config = reply.config  # type: ignore[attr-defined]
         if config.local_batch_size < 1:
             return
@@ -136,7 +156,8 @@ class AgentLink:
                 self._refresh(key)
 
     def close(self) -> None:
-        """Stop the refresh thread and close the channels."""
+        """Stop the refresh thread, wait for it (at most one RPC deadline), close the channels."""
         self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 1.0)
         for channel in self._channels:
             channel.close()

@@ -92,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sleep FIXED + PER_SAMPLE × batch ms per micro-batch, as an accelerator would take",
     )
     parser.add_argument("--audit-dir", type=Path, default=None, help="sample and epoch logs")
+    parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     return parser.parse_args(argv)
 
 
@@ -176,18 +177,19 @@ def main(argv: list[str] | None = None) -> int:
         scaling_rule=args.scaling_rule,
         checkpoint_dir=args.checkpoint_dir,
         seed=args.seed,
+        num_workers=args.workers,
     )
     audit = Audit(args.audit_dir, env.allocation_gen, env.rank, env.world_size)
     fixed_ms, per_sample_ms = args.emulate_ms
     for epoch in trainer.epochs(args.epochs):  # pollux
-        total, seen = 0.0, 0
+        total, seen = torch.zeros((), device=trainer.device), 0
         for inputs, labels, indices in trainer.batches():  # pollux
             audit.batch(epoch, trainer.steps, indices)
             loss = functional.cross_entropy(trainer.model(inputs), labels)
             if fixed_ms or per_sample_ms:
                 time.sleep((fixed_ms + per_sample_ms * len(labels)) / 1000)
             trainer.step(loss)  # pollux
-            total += loss.item() * len(labels)
+            total += loss.detach() * len(labels)  # no .item(): it would sync a GPU every batch
             seen += len(labels)
         test_loss, accuracy = evaluate(trainer.module, test, trainer.device)
         if env.rank == 0:
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 "epoch": epoch,
                 "generation": env.allocation_gen,
                 "replicas": env.world_size,
-                "train_loss": total / max(seen, 1),
+                "train_loss": total.item() / max(seen, 1),
                 "test_loss": test_loss,
                 "accuracy": accuracy,
                 "progress": trainer.progress,

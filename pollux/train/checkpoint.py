@@ -21,6 +21,7 @@ raises `Preempted` (a `SystemExit` with code 143). A second signal ends the proc
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import threading
@@ -202,3 +203,29 @@ class StopSignal:
             return
         self.received = sig
         self._requested.set()
+
+
+def check_loadable(name: str, state: Any) -> None:
+    """Raise now if `state` could be saved but not loaded back by `CheckpointManager.load`.
+
+    Checkpoints are read with ``torch.load(weights_only=True)`` (loading one never runs code
+    from the file), which accepts tensors, numbers, strings and containers of them. The
+    trainer's own state is made of those; a user's registered state (RNG states as numpy
+    arrays, custom classes) may not be, and finding out only when a preempted job restarts
+    would leave it unable to resume. This round-trips `state` through memory.
+
+    Raises:
+        CheckpointError: `state` holds a type that a weights-only load refuses.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            name,
+            "its state_dict() holds a type that checkpoints cannot load (only tensors, "
+            "numbers, strings, None and lists/tuples/dicts of them); convert it, e.g. numpy "
+            f"arrays with torch.as_tensor: {exc}",
+        ) from exc

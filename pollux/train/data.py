@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -441,6 +442,7 @@ class AdaptiveDataLoader:
                     num_workers=self.num_workers,
                     collate_fn=self.collate_fn,
                     pin_memory=self.pin_memory,
+                    worker_init_fn=ignore_stop_signals,
                 )
                 stream = iter(loader)
                 for plan in plans:
@@ -501,7 +503,11 @@ class AdaptiveDataLoader:
         source: Iterable[Any]
         if self.num_workers == 1:
             source = DataLoader(
-                self.dataset, batch_size=None, num_workers=1, pin_memory=self.pin_memory
+                self.dataset,
+                batch_size=None,
+                num_workers=1,
+                pin_memory=self.pin_memory,
+                worker_init_fn=ignore_stop_signals,
             )
         else:
             source = cast(IterableDataset[Any], self.dataset)
@@ -616,3 +622,15 @@ def move_to_device(data: Any, device: torch.device) -> Any:
         converted = [move_to_device(v, device) for v in data]
         return tuple(converted) if isinstance(data, tuple) else converted
     return data
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """Make a loader worker ignore SIGTERM and SIGINT (`DataLoader` ``worker_init_fn``).
+
+    The launcher signals a replica's whole process group. A worker killed by that signal makes
+    torch raise in the training process before the step can finish and checkpoint; ignoring
+    it lets the training process stop at the step boundary and shut its workers down itself.
+    """
+    del worker_id
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

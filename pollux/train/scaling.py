@@ -45,7 +45,7 @@ class ScalingRule(enum.StrEnum):
     """The learning rate is never changed."""
 
     @classmethod
-    def parse(cls, value: ScalingRule | str) -> ScalingRule:
+    def parse(cls, value: object) -> ScalingRule:
         """Accept a rule or its name (case-insensitive).
 
         Raises:
@@ -53,6 +53,10 @@ class ScalingRule(enum.StrEnum):
         """
         if isinstance(value, ScalingRule):
             return value
+        if not isinstance(value, str):
+            # str(None) would be "none": silently no scaling instead of the default.
+            names = ", ".join(r.value for r in cls)
+            raise InvalidValueError("scaling_rule", f"must be a rule name ({names}), got {value!r}")
         try:
             return cls(str(value).strip().lower())
         except ValueError:

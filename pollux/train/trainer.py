@@ -22,7 +22,9 @@ Adapting an ordinary PyTorch script takes about a dozen lines::
   ``optimizer.zero_grad()`` or ``optimizer.step()`` yourself.
 - `model` is the module wrapped in `DistributedDataParallel` when there are several replicas;
   accumulation micro-batches run under ``model.no_sync()``, so they cost no communication.
-  Use `module` for evaluation and for anything that must not synchronise.
+  Call ``trainer.model(...)`` for every batch rather than keeping a reference: an epoch's
+  irregular last step runs the plain module. Use `module` for evaluation and for anything
+  that must not synchronise.
 - The gradient noise scale is measured on a fixed schedule of optimizer steps (once per
   ``stats_interval`` M0-batches of samples), so its cost is a small fraction of training and
   runs are reproducible. With several replicas a measured step ends with one small all-reduce
@@ -61,7 +63,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from torch.utils.data import Dataset, IterableDataset
 
-from pollux.train.checkpoint import CheckpointManager, StopSignal
+from pollux.train.checkpoint import CheckpointManager, StopSignal, check_loadable
 from pollux.train.data import (
     AdaptiveDataLoader,
     BatchConfig,
@@ -71,7 +73,7 @@ from pollux.train.data import (
     default_batch_config,
 )
 from pollux.train.env import TrainEnv
-from pollux.train.errors import InvalidValueError, Preempted, UsageError
+from pollux.train.errors import CheckpointError, InvalidValueError, Preempted, UsageError
 from pollux.train.gns import GradientCollector, GradientNoiseScale, GradStats
 from pollux.train.metrics import (
     Mark,
@@ -184,7 +186,8 @@ class ElasticTrainer:
         metrics_sink: Where measurements are reported (rank 0 only); default: the job's agent
             when ``POLLUX_AGENT_ADDR`` is set, else they stay local (`profile`, `grad_stats`).
         connect_agent: False never connects to an agent on its own, even with
-            ``POLLUX_AGENT_ADDR`` set.
+            ``POLLUX_AGENT_ADDR`` set. Otherwise the agent serves as whichever of
+            `batch_source` and `metrics_sink` is not given.
         checkpoint_dir: Checkpoint directory; default ``POLLUX_CHECKPOINT_DIR``.
         checkpointing: False disables checkpoints even when a directory is configured.
         checkpoint_interval_s: Also checkpoint at the first step boundary after this many
@@ -254,6 +257,7 @@ class ElasticTrainer:
             profile_warmup_steps,
             stats_interval,
             agreement_period_s,
+            report_interval_s,
         )
 
         self.env = init(env)
@@ -262,11 +266,12 @@ class ElasticTrainer:
         self.world_size = self.env.world_size
         self.log = log.bind(job_id=self.env.job_id, rank=self.rank)
         self.device = device if device is not None else default_device(self.env)
+        if self.device.type == "cuda":
+            # Timing events and NCCL object collectives use the current device.
+            torch.cuda.set_device(self.device)
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.grad_scaler = grad_scaler
-        batch_source, metrics_sink = self._connect(connect_agent, batch_source, metrics_sink)
-        self.batch_source = batch_source
         self._comm_device = self.device if self._backend() == "nccl" else torch.device("cpu")
         self.num_nodes = self._count_nodes()
 
@@ -306,16 +311,15 @@ class ElasticTrainer:
         self.agreement_period_s = agreement_period_s
 
         restored_config = self._restore()
-        self._set_initial_config(restored_config)
-
-        self.ddp: DistributedDataParallel | None = None
-        if self.world_size > 1:
-            device_ids = [self.device] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(
-                self.module, device_ids=device_ids, **dict(ddp_kwargs or {})
-            )
-        self.model: nn.Module = self.ddp if self.ddp is not None else self.module
-        self.reporter = self._start_reporter(metrics_sink, report_interval_s)
+        metrics_sink = self._connect(connect_agent, batch_source, metrics_sink)
+        try:
+            self._set_initial_config(restored_config)
+            self.ddp = self._wrap(ddp_kwargs)
+            self.reporter = self._start_reporter(metrics_sink, report_interval_s)
+        except BaseException:
+            if self._link is not None:  # its threads and channels would outlive the trainer
+                self._link.close()
+            raise
 
         self.stop_signal = StopSignal()
         self._signals_installed = handle_sigterm and self.stop_signal.install()
@@ -336,17 +340,23 @@ class ElasticTrainer:
             progress=round(self.progress, 3),
         )
 
+    def _wrap(self, ddp_kwargs: Mapping[str, Any] | None) -> DistributedDataParallel | None:
+        """The DDP wrapper of the module with several replicas, else None."""
+        if self.world_size == 1:
+            return None
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(self.module, device_ids=device_ids, **dict(ddp_kwargs or {}))
+
     def _connect(
         self, wanted: bool, source: BatchConfigSource | None, sink: MetricsSink | None
-    ) -> tuple[BatchConfigSource | None, MetricsSink | None]:
-        """Use the job's agent as source and sink unless the caller chose either."""
+    ) -> MetricsSink | None:
+        """Set `batch_source` and return the metrics sink, the job's agent filling either gap."""
         self._link: _AgentLink | None = None
         # Rank 0 alone polls the batch source and reports, so only it talks to the agent.
-        if wanted and self.rank == 0 and source is None and sink is None:
+        if wanted and self.rank == 0 and (source is None or sink is None):
             self._link = _agent_link(self.env)
-        if self._link is None:
-            return source, sink
-        return self._link, self._link
+        self.batch_source = source or self._link
+        return sink or self._link
 
     def _init_step_state(self) -> None:
         """Per-micro-batch bookkeeping of the loop (see `batches`, `step`)."""
@@ -374,6 +384,21 @@ class ElasticTrainer:
         self._pair = False
 
     # -- what the user reads -----------------------------------------------------------------
+
+    @property
+    def model(self) -> nn.Module:
+        """The module to call on the current batch: read it for every batch, do not keep it.
+
+        With several replicas it is the `DistributedDataParallel` wrapper, except in an epoch's
+        irregular last step: there a replica may have no samples at all, so the forward pass
+        must not issue DDP's own collectives (buffer broadcast, bucket rebuild), which only the
+        replicas with samples would reach; the plain module runs instead and the trainer sums
+        the step's gradients itself.
+        """
+        micro = self._micro
+        if self.ddp is None or (micro is not None and not micro.regular):
+            return self.module
+        return self.ddp
 
     @property
     def epoch(self) -> int:
@@ -641,6 +666,10 @@ class ElasticTrainer:
                 if self._collect:
                     captured.total = self.collector.total_sqr(self._amp_scale)
             return captured
+        if not plan.regular or plan.config.accum_steps > 1:
+            # The differenced estimator pairs consecutive steps only: a step it does not see
+            # ends any pending pair.
+            self.collector.forget_previous()
         if not plan.regular:
             return captured
         if plan.config.accum_steps == 1:
@@ -701,7 +730,13 @@ class ElasticTrainer:
             and self.rank == 0
             and time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s
         ):
-            self.save()
+            try:
+                self.save()
+            except CheckpointError as error:
+                # Periodic checkpoints are insurance; the other replicas are already in the
+                # next step, so failing here alone would hang them. The stop and the end
+                # still checkpoint, and fail loudly.
+                self.log.warning("periodic_checkpoint_failed", error=str(error))
 
     def _start_agreement(self, local_sqr: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
         """Launch the all-reduce of [stop, rank 0's config and schedule, local norms]."""
@@ -746,7 +781,8 @@ class ElasticTrainer:
             by_dtype.setdefault(p.dtype, []).append(p)
         for dtype, group in by_dtype.items():
             pieces = [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group
+                (_dense_grad(p) if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                for p in group
             ]
             present = torch.tensor(
                 [0.0 if p.grad is None else 1.0 for p in group], dtype=dtype, device=self.device
@@ -836,6 +872,7 @@ class ElasticTrainer:
     def _switch_config(self, config: BatchConfig) -> None:
         old = self.loader.batch_config
         self.loader.set_batch_config(config)
+        self.collector.forget_previous()  # never pair gradients of two batch sizes
         self._warmup_left = self._warmup_steps
         self.log.info(
             "batch_config_changed",
@@ -887,11 +924,19 @@ class ElasticTrainer:
         }
 
     def save(self) -> Path | None:
-        """Write a checkpoint now (rank 0; a no-op elsewhere or when checkpointing is off)."""
+        """Write a checkpoint now (rank 0; a no-op elsewhere or when checkpointing is off).
+
+        Raises:
+            CheckpointError: It could not be written, or a registered object's state could not
+                be loaded back from it (checked before anything is written).
+        """
         self._last_checkpoint = time.monotonic()
         if not self.checkpoints.enabled or self.rank != 0:
             return None
-        return self.checkpoints.save(self.state_dict())
+        state = self.state_dict()
+        for name, extra in state["extra"].items():
+            check_loadable(f"extra state {name!r}", extra)
+        return self.checkpoints.save(state)
 
     def _restore(self) -> BatchConfig | None:
         state = self._load_agreed_checkpoint()
@@ -957,9 +1002,23 @@ class ElasticTrainer:
             self._preempt()
 
     def _preempt(self) -> None:
-        path = self.save()
+        path, failure = None, None
+        try:
+            path = self.save()
+        except CheckpointError as error:
+            failure = error
         if self.world_size > 1:
-            dist.barrier()  # nobody exits before rank 0's checkpoint is durable
+            # Also the barrier: nobody exits before rank 0's checkpoint is durable. Every
+            # replica learns whether it was written, so all of them fail the same way.
+            failed = torch.tensor([0.0 if failure is None else 1.0], device=self._comm_device)
+            dist.all_reduce(failed)
+            if failure is None and failed.item() > 0:
+                failure = CheckpointError(
+                    str(self.checkpoints.path), "rank 0 could not write it; see its log"
+                )
+        if failure is not None:
+            self.close()
+            raise failure
         self.log.info(
             "preempted",
             signal=None if self.stop_signal.received is None else self.stop_signal.received.name,
@@ -1054,7 +1113,12 @@ def _check_arguments(
     profile_warmup_steps: int,
     stats_interval: int,
     agreement_period_s: float,
+    report_interval_s: float,
 ) -> None:
+    # Checked here, on every replica, so that a bad value fails everywhere before the first
+    # collective rather than on rank 0 alone (where the reporter is built).
+    if not report_interval_s > 0:
+        raise InvalidValueError("report_interval_s", f"must be > 0, got {report_interval_s}")
     if isinstance(init_batch_size, bool) or not isinstance(init_batch_size, int):
         raise InvalidValueError("init_batch_size", f"must be an int, got {init_batch_size!r}")
     if init_batch_size < 1:
@@ -1096,6 +1160,12 @@ def _agent_link(env: TrainEnv) -> _AgentLink | None:
     if not addresses:
         return None
     return AgentLink(addresses, env.job_id)
+
+
+def _dense_grad(param: torch.Tensor) -> torch.Tensor:
+    """The gradient as a dense tensor (sparse ones, e.g. of ``Embedding(sparse=True)``)."""
+    assert param.grad is not None
+    return param.grad.to_dense() if param.grad.is_sparse else param.grad
 
 
 def _config_from(values: list[float]) -> BatchConfig | None:

@@ -11,6 +11,7 @@ import socket
 
 import grpc
 import pytest
+import structlog
 
 from pollux.client.agent_link import AgentLink
 from pollux.train.data import BatchConfig
@@ -78,12 +79,25 @@ async def test_reports_reach_the_agent_past_a_dead_address_and_configs_come_back
             link.close()
 
 
-async def test_an_unknown_job_is_an_error_not_a_silent_drop(etcd, root, store):
+async def test_a_report_refused_for_good_is_dropped_with_a_warning(etcd, root, store):
+    # NOT_FOUND (the job is gone) will never succeed: raising would make the trainer's
+    # reporter retry it forever and hold up every report behind it.
     async with running_agent(etcd, root, "agent-a") as a:
         link = AgentLink([a.address], "j-missing", timeout_s=1.0)
         try:
-            with pytest.raises(grpc.RpcError) as raised:
+            with structlog.testing.capture_logs() as logs:
                 await asyncio.to_thread(link.send, metrics(1, 1, 64, job_id="j-missing"))
-            assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+            rejected = [e for e in logs if e["event"] == "metrics_rejected"]
+            assert [e["code"] for e in rejected] == ["NOT_FOUND"]
         finally:
             link.close()
+
+
+async def test_an_unreachable_agent_raises_so_the_report_is_retried(etcd, root, store):
+    link = AgentLink([dead_address()], "j-1", timeout_s=0.5)
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            await asyncio.to_thread(link.send, metrics(1, 1, 64))
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        link.close()

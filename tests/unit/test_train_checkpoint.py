@@ -162,6 +162,65 @@ def test_sigterm_checkpoints_exits_143_and_the_next_start_resumes(tmp_path):
     assert out.strip() == ""
 
 
+WORKERS_JOB = textwrap.dedent(
+    """
+    import logging, sys, time, structlog, torch
+    from torch import nn
+    from torch.utils.data import Dataset
+    import pollux.train as pt
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    class Slow(Dataset):  # keeps the loader workers busy when the signal arrives
+        def __len__(self):
+            return 4000
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.randn(4), i % 2
+
+    model = nn.Linear(4, 2)
+    trainer = pt.ElasticTrainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), Slow(), init_batch_size=8,
+        connect_agent=False, checkpoint_dir=sys.argv[1], num_workers=2,
+    )
+    for epoch in trainer.epochs(100):
+        for x, y in trainer.batches():
+            trainer.step(nn.functional.cross_entropy(trainer.model(x), y))
+            if trainer.steps == 3:
+                print("training", flush=True)
+    """
+)
+
+
+def test_sigterm_to_the_process_group_with_loader_workers_still_checkpoints(tmp_path):
+    # The launcher signals a replica's whole process group, data loader workers included; a
+    # worker killed by that signal must not make the training process fail before it
+    # checkpoints and exits 143.
+    script = tmp_path / "job.py"
+    script.write_text(WORKERS_JOB)
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckpt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "training", line + proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 143, err
+    state = CheckpointManager(ckpt).load()
+    assert state is not None
+    assert state["scaling"]["steps"] >= 3
+
+
 def test_stop_signal_sets_a_flag_and_restores_handlers():
     stop = StopSignal()
     before = signal.getsignal(signal.SIGTERM)

@@ -19,6 +19,7 @@ from pollux.train import (  # noqa: E402
     InMemorySink,
     TrainEnv,
     estimate,
+    init,
 )
 from pollux.train.gns import VAR_FLOOR  # noqa: E402
 
@@ -214,3 +215,65 @@ def test_checkpoint_dir_that_is_a_file_is_rejected(tmp_path):
     path.write_text("x")
     with pytest.raises(EnvVarError, match="not a directory"):
         TrainEnv.from_environ({"POLLUX_CHECKPOINT_DIR": str(path)})
+
+
+class Rescale(nn.Module):
+    """A layer with a buffer: DDP broadcasts buffers at the start of synchronised forwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def tail_worker(rank, port, samples, with_buffer, out_dir):
+    torch.set_num_threads(1)
+    env = TrainEnv(rank=rank, world_size=2, master_port=port, job_id="tail-test")
+    init(env, timeout_s=20)  # a collective mismatch fails in 20 s instead of hanging
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(samples, 4), torch.randint(0, 2, (samples,)))
+    layers = [nn.Linear(4, 4), *([Rescale()] if with_buffer else []), nn.Linear(4, 2)]
+    model = nn.Sequential(*layers)
+    trainer = ElasticTrainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        init_batch_size=2,
+        env=env,
+        connect_agent=False,
+        checkpointing=False,
+        handle_sigterm=False,
+        shuffle=False,
+    )
+    for _ in trainer.epochs(2):
+        for x, y in trainer.batches():
+            trainer.step(nn.functional.cross_entropy(trainer.model(x), y))
+    trainer.close()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.save({"steps": trainer.steps, "params": params}, out_dir / f"tail{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("samples", "with_buffer"),
+    [
+        pytest.param(5, True, id="a model with buffers, one sample left for two replicas"),
+        pytest.param(3, False, id="the tail right after the first synchronised step"),
+    ],
+)
+def test_an_epoch_tail_that_leaves_a_replica_without_samples_does_not_deadlock(
+    tmp_path, samples, with_buffer
+):
+    # In the last step of an epoch a replica can get no sample at all; DDP's forward would
+    # issue collectives (buffer broadcast, bucket rebuild) that such a replica never reaches.
+    mp.start_processes(
+        tail_worker,
+        args=(free_port(), samples, with_buffer, tmp_path),
+        nprocs=2,
+        start_method="spawn",
+    )
+    ranks = [torch.load(tmp_path / f"tail{r}.pt") for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 2 * ((samples + 1) // 2)
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])

@@ -1,0 +1,136 @@
+"""ElasticTrainer on one process: argument checks, agent wiring, and checkpoints that fail."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
+
+from pollux.train import (  # noqa: E402
+    BatchConfig,
+    CheckpointError,
+    ElasticTrainer,
+    FixedBatchConfig,
+    InMemorySink,
+    InvalidValueError,
+    ScalingRule,
+    TrainEnv,
+)
+
+
+def data(samples=64):
+    gen = torch.Generator().manual_seed(0)
+    return TensorDataset(
+        torch.randn(samples, 4, generator=gen), torch.randn(samples, 1, generator=gen)
+    )
+
+
+def trainer(tmp_path=None, **kwargs):
+    model = nn.Linear(4, 1)
+    kwargs.setdefault("handle_sigterm", False)
+    kwargs.setdefault("checkpoint_dir", tmp_path)
+    kwargs.setdefault("checkpointing", tmp_path is not None)
+    return ElasticTrainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), data(), init_batch_size=8, **kwargs
+    )
+
+
+def train_steps(t, steps):
+    for x, y in t.batches():
+        t.step(nn.functional.mse_loss(t.model(x), y))
+        if t.steps >= steps:
+            return
+
+
+class NumpyState:
+    """A user object whose state holds numpy arrays, which weights-only loads refuse."""
+
+    def state_dict(self):
+        return {"rng": np.random.default_rng(0).bit_generator.state, "v": np.zeros(3)}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class TensorState:
+    def __init__(self):
+        self.value = torch.zeros(2)
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def test_scaling_rule_must_be_a_name_not_none():
+    with pytest.raises(InvalidValueError, match="scaling_rule"):
+        ScalingRule.parse(None)
+    assert ScalingRule.parse(" AdaScale ") is ScalingRule.ADASCALE
+
+
+def test_a_bad_report_interval_is_refused_on_every_replica_even_without_a_sink():
+    with pytest.raises(InvalidValueError, match="report_interval_s"):
+        trainer(report_interval_s=0)
+
+
+def test_state_that_could_not_be_loaded_back_is_refused_before_anything_is_written(tmp_path):
+    t = trainer(tmp_path, extra_state={"numpy": NumpyState()})
+    train_steps(t, 1)
+    with pytest.raises(CheckpointError, match="extra state 'numpy'"):
+        t.save()
+    assert not any(tmp_path.iterdir())  # the previous (no) checkpoint is untouched
+    t.close()
+
+
+def test_registered_tensor_state_round_trips(tmp_path):
+    first = trainer(tmp_path, extra_state={"ema": TensorState()})
+    first._extra["ema"].value = torch.tensor([1.0, 2.0])
+    train_steps(first, 2)
+    first.save()
+    first.close()
+    state = TensorState()
+    second = trainer(tmp_path, extra_state={"ema": state})
+    assert torch.equal(state.value, torch.tensor([1.0, 2.0]))
+    assert second.steps == 2
+    second.close()
+
+
+def test_a_stop_whose_checkpoint_fails_raises_the_checkpoint_error_not_preempted(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    t = trainer(tmp_path, checkpoint_dir=blocker)
+    t.stop_signal.request()
+    with pytest.raises(CheckpointError):
+        train_steps(t, 1)
+
+
+def test_a_periodic_checkpoint_that_fails_is_logged_and_training_goes_on(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    t = trainer(tmp_path, checkpoint_dir=blocker, checkpoint_interval_s=1e-9)
+    train_steps(t, 3)
+    assert t.steps == 3
+    t.close()
+
+
+def test_the_agent_fills_only_what_the_caller_left_unset():
+    env = TrainEnv(agent_addr="127.0.0.1:9")  # nothing listens: the link never blocks training
+    fixed = FixedBatchConfig(BatchConfig(local_bsz=4))
+    with_source = trainer(env=env, batch_source=fixed)
+    assert with_source.batch_source is fixed
+    assert with_source.reporter is not None  # metrics still go to the agent
+    with_source.close()
+    sink = InMemorySink()
+    with_sink = trainer(env=env, metrics_sink=sink)
+    assert with_sink.batch_source is not None
+    assert with_sink.batch_source is not fixed
+    assert with_sink.reporter is not None
+    assert with_sink.reporter.sink is sink
+    with_sink.close()
+    neither = trainer(env=env, connect_agent=False)
+    assert neither.batch_source is None
+    assert neither.reporter is None
+    neither.close()
