@@ -28,7 +28,10 @@ asks for the batch after a step's last micro-batch. A checkpoint therefore never
 whose update was not applied; a step interrupted half-way is replayed from its start.
 Iterable datasets resume by skipping the consumed prefix of the stream; they must yield the
 same stream on every replica for a given epoch (``set_epoch(epoch)`` is called when the
-dataset has it).
+dataset has it). Every replica reads the whole stream and keeps its slices, so reading and
+decoding cost K times what one replica needs, and a resume re-reads the consumed prefix:
+for large data prefer a map-style dataset (which reads only its own samples), or make the
+iterable cheap to skip.
 """
 
 from __future__ import annotations
