@@ -344,12 +344,7 @@ def fill(problem: Problem, placed: IntArray) -> IntArray:
             grow, idle.spans[grow], idle.held[grow], idle.moved[grow]
         )  # before the options: the order in which one-by-one valuation would ask
         candidates, owner = np.array(rows), np.array(jobs)
-        values = problem.values_at(
-            owner,
-            np.count_nonzero(candidates, axis=1),
-            candidates.sum(axis=1),
-            (candidates != problem.current[owner]).any(axis=1),
-        )
+        values = problem.row_utilities(owner, candidates)
         gains = (values - here[owner]) / (candidates.sum(axis=1) - idle.held[owner])
         best = int(np.argmax(gains))
         if not gains[best] > 0.0:
@@ -647,12 +642,7 @@ def _relocations(
     out: list[tuple[float, IntArray] | None] = [None] * len(jobs)
     if options:
         rows, who = np.array(options), np.array(owner)
-        values = problem.values_at(
-            who,
-            np.count_nonzero(rows, axis=1),
-            rows.sum(axis=1),
-            (rows != problem.current[who]).any(axis=1),
-        )
+        values = problem.row_utilities(who, rows)
         gains = values - here[who]
         start = 0
         for i, count in enumerate(counts):

@@ -158,11 +158,15 @@ class Problem:
 
     def utilities(self, placed: IntArray) -> FloatArray:
         """Utility w_p of every job under a whole jobs × nodes matrix."""
+        return self.row_utilities(self.every_job, placed)
+
+    def row_utilities(self, jobs: IntArray, rows: IntArray) -> FloatArray:
+        """Utility w_p of job ``jobs[i]`` under the nodes vector ``rows[i]``, for every i."""
         return self.values_at(
-            self.every_job,
-            np.count_nonzero(placed, axis=1),
-            placed.sum(axis=1),
-            (placed != self.current).any(axis=1),
+            jobs,
+            np.count_nonzero(rows, axis=1),
+            rows.sum(axis=1),
+            (rows != self.current[jobs]).any(axis=1),
         )
 
     def consolidated_nodes(self, k: IntArray) -> IntArray:
