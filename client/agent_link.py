@@ -121,12 +121,20 @@ class AgentLink:
             )
 
     def batch_config(self, *, num_nodes: int, num_replicas: int) -> BatchConfig | None:
-        """The latest configuration for this shape, or None before the agent has one."""
+        """The latest configuration for this shape, or None before the agent has one.
+
+        The first call for a shape asks the agent at once (at most one RPC deadline; a replica
+        asks when it starts, so a restarted job trains with the agent's batch size from its
+        first step rather than with the initial one until a refresh); later calls read the
+        cache that the background thread refreshes, and never block.
+        """
         key = (num_nodes, num_replicas)
         with self._lock:
-            if key not in self._wanted:
-                self._wanted.add(key)
-                threading.Thread(target=self._refresh, args=(key,), daemon=True).start()
+            first = key not in self._wanted
+            self._wanted.add(key)
+        if first:
+            self._refresh(key)
+        with self._lock:
             return self._configs.get(key)
 
     def _refresh(self, key: tuple[int, int]) -> None:

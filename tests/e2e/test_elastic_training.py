@@ -208,9 +208,16 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
     first, last = measured[0], measured[-1]
     assert last["pgns"] > first["pgns"], (first, last)
     assert last["batch"] > INIT_BATCH, epochs
-    by_noise = sorted(measured, key=lambda e: e["pgns"])
-    low, high = by_noise[: len(by_noise) // 2], by_noise[len(by_noise) // 2 :]
-    assert max(e["batch"] for e in high) >= max(e["batch"] for e in low), epochs
+
+    # Per replica, so that allocation changes do not mask the agent's choice: the quietest
+    # epoch trained with a smaller batch than the typical noisier one (with these settings the
+    # agent's choice soon reaches the per-GPU maximum of 256, so later growth is capped).
+    def per_replica(e: dict[str, float]) -> float:
+        return e["batch"] / e["replicas"]
+
+    quietest = min(measured, key=lambda e: e["pgns"])
+    others = sorted(per_replica(e) for e in measured if e is not quietest)
+    assert per_replica(quietest) < others[len(others) // 2], epochs
     assert epochs[-1]["epoch"] == EPOCHS - 1
     assert epochs[-1]["progress"] > 0
 

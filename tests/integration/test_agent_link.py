@@ -64,14 +64,11 @@ async def test_reports_reach_the_agent_past_a_dead_address_and_configs_come_back
             assert model.HasField("throughput")
             assert (model.grad_sqr, model.grad_var) == (1.0, 40.0)
 
-            # The first call starts a background fetch and never blocks; the answer arrives.
-            assert link.batch_config(num_nodes=1, num_replicas=2) is None
-            config: BatchConfig | None = None
-            for _ in range(100):
-                config = link.batch_config(num_nodes=1, num_replicas=2)
-                if config is not None:
-                    break
-                await asyncio.sleep(0.05)
+            # The first call for a shape asks the agent (a replica does so when it starts);
+            # run it off the event loop, which serves the agent.
+            config: BatchConfig | None = await asyncio.to_thread(
+                link.batch_config, num_nodes=1, num_replicas=2
+            )
             assert config is not None
             assert 16 <= config.local_bsz <= 256
             assert config.total(2) <= 2048
