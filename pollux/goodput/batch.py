@@ -335,24 +335,3 @@ class GoodputModels:
             t_optim = (t_accum**gamma + t_net**gamma) ** (1.0 / gamma)
             out[part] = (useful / (steps * t_accum + t_optim)).max(axis=0)
         return out
-
-
-def best_goodput_many(
-    models: Sequence[GoodputModel],
-    model_index: ArrayLike,
-    num_nodes: ArrayLike,
-    num_replicas: ArrayLike,
-    *,
-    num_candidates: int = NUM_CANDIDATES,
-) -> FloatArray:
-    """Best goodput of many (model, N, K) queries in one vectorised evaluation.
-
-    A scheduler round needs a few speedups of every job; asking each model separately costs
-    mostly call overhead. Query i uses ``models[model_index[i]]`` on (N_i, K_i).
-
-    Returns:
-        Best goodput per query (0 where infeasible), as `best_batch(...).goodput` would.
-    """
-    return GoodputModels(models).best_goodput(
-        model_index, num_nodes, num_replicas, num_candidates=num_candidates
-    )

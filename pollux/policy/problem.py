@@ -173,10 +173,6 @@ class Problem:
         """Fewest nodes that can hold k replicas (at least 1 for k > 0)."""
         return np.maximum(1, -(-k // max(self.gpus_per_node, 1)))
 
-    def is_distributed(self, row: IntArray) -> bool:
-        """Whether a row spans more than one node."""
-        return int(np.count_nonzero(row)) > 1
-
     # -- result --------------------------------------------------------------------------
 
     def decision(self, placed: IntArray) -> AllocationDecision:

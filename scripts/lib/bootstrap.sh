@@ -73,4 +73,8 @@ ensure_etcd() {
     echo "==> installing etcd-server (Debian package)" >&2
     apt_install etcd-server
   fi
+  if ! etcd --version >/dev/null 2>&1; then
+    echo "error: etcd is not runnable after installing etcd-server; the tests need it" >&2
+    return 1
+  fi
 }

@@ -25,6 +25,19 @@ def child_env(**extra):
     return env
 
 
+def run_script(tmp_path, text, *args, **popen):
+    """Write `text` to a script in `tmp_path` and start it with the test environment."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)],
+        stdout=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+        **popen,
+    )
+
+
 def test_round_trip_and_missing_checkpoint_is_a_fresh_start(tmp_path):
     manager = CheckpointManager(tmp_path / "ckpt")
     assert manager.load() is None
@@ -83,15 +96,8 @@ WRITER = textwrap.dedent(
 
 
 def test_sigkill_during_save_leaves_the_previous_checkpoint_valid(tmp_path):
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER)
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(ckpt)],
-        stdout=subprocess.PIPE,
-        env=child_env(),
-        text=True,
-    )
+    proc = run_script(tmp_path, WRITER, ckpt)
     try:
         assert proc.stdout.readline().strip() == "saved 0"
         deadline = time.monotonic() + 30
@@ -195,17 +201,8 @@ def test_sigterm_to_the_process_group_with_loader_workers_still_checkpoints(tmp_
     # The launcher signals a replica's whole process group, data loader workers included; a
     # worker killed by that signal must not make the training process fail before it
     # checkpoints and exits 143.
-    script = tmp_path / "job.py"
-    script.write_text(WORKERS_JOB)
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(ckpt)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_env(),
-        text=True,
-        start_new_session=True,
-    )
+    proc = run_script(tmp_path, WORKERS_JOB, ckpt, stderr=subprocess.PIPE, start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert line.strip() == "training", line + proc.stderr.read()
