@@ -1,12 +1,15 @@
 # shellcheck shell=bash
-# Sourced by scripts/test and scripts/demo: makes .venv and installs pollux (editable) with the
-# extras named in $POLLUX_EXTRAS, reinstalling only when pyproject.toml or the extras change.
+# Sourced by scripts/test and scripts/demo: makes .venv and installs Pollux (editable): the core
+# distribution with the extras asked for, and the service and client distributions beside it
+# (DISTRIBUTIONS), reinstalling only when a pyproject.toml or the extras change.
 # Works on a fresh Debian machine that has nothing but python3 (≥ 3.11).
 set -euo pipefail
 
 POLLUX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV="$POLLUX_ROOT/.venv"
 PY=${PYTHON:-python3}
+# Every distribution of the `pollux` namespace besides the core (docs/architecture.md §2).
+DISTRIBUTIONS=(services/common services/scheduler services/agent services/launcher client)
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -52,7 +55,8 @@ ensure_venv() {
     fi
   fi
   local want stamp="$VENV/.pollux-install"
-  want="$(sha256sum "$POLLUX_ROOT/pyproject.toml" | cut -c1-16) [$extras]"
+  want="$(cd "$POLLUX_ROOT" && cat pyproject.toml "${DISTRIBUTIONS[@]/%//pyproject.toml}" |
+    sha256sum | cut -c1-16) [$extras]"
   if ! installed_covers "$stamp" "$want"; then
     local target="$POLLUX_ROOT"
     [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
@@ -62,7 +66,11 @@ ensure_venv() {
       # one, and the train extra's range (which 2.13.0 satisfies) installs nothing more.
       "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
     fi
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$target"
+    local editables=(-e "$target")
+    for dist in "${DISTRIBUTIONS[@]}"; do editables+=(-e "$POLLUX_ROOT/$dist"); done
+    # A checkout made before the services became distributions of their own had one "pollux"
+    # holding everything; pip replaces it in place.
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${editables[@]}"
     echo "$want" >"$stamp"
   fi
 }

@@ -20,12 +20,12 @@ from typing import Any
 import grpc
 import pytest
 
-from pollux.agent.ownership import ranked
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import detect
 from pollux.launcher.launcher import NodeNameInUseError
 from pollux.launcher.main import LauncherApp
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.ownership import ranked
 from pollux.service.store import Delete, Store
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import launcher_service_pb2_grpc as lgrpc

@@ -59,7 +59,7 @@ SERVICES = ROOT / "services"
 )
 def test_only_the_store_talks_to_etcd(path):
     uses_etcd = any(n == "aetcd" or n.startswith("aetcd.") for n in imported_modules(path))
-    assert not uses_etcd or path == SERVICES / "common" / "store.py"
+    assert not uses_etcd or path == SERVICES / "common" / "pollux" / "service" / "store.py"
 
 
 @pytest.mark.parametrize(
@@ -79,15 +79,45 @@ def test_training_library_has_no_control_plane_imports(path):
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-def test_every_package_directory_is_an_installed_package():
-    from setuptools import find_packages
+# Each distribution of the `pollux` namespace: (folder, the one import package it holds).
+DISTRIBUTIONS = {
+    ".": None,  # the core: pollux.goodput, .policy, .sim, .train, .v1
+    "services/common": "pollux.service",
+    "services/scheduler": "pollux.scheduler",
+    "services/agent": "pollux.agent",
+    "services/launcher": "pollux.launcher",
+    "client": "pollux.client",
+}
 
-    found = set(find_packages(str(ROOT), include=["pollux*"]))
-    assert {
-        "pollux.scheduler",
-        "pollux.agent",
-        "pollux.launcher",
-        "pollux.client",
-        "pollux.service",
-        "pollux.v1",
-    } <= found
+
+def test_no_symlink_in_the_source_tree():
+    links = [
+        str(p.relative_to(ROOT))
+        for top in ("pollux", "services", "client", "tests", "benchmarks", "scripts")
+        for p in (ROOT / top).rglob("*")
+        if p.is_symlink()
+    ]
+    assert not links, f"symlinks give one module two paths: {links}"
+
+
+def test_pollux_is_a_namespace_package_with_no_init():
+    for folder in DISTRIBUTIONS:
+        assert not (ROOT / folder / "pollux" / "__init__.py").exists(), folder
+
+
+@pytest.mark.parametrize("folder", [f for f, pkg in DISTRIBUTIONS.items() if pkg])
+def test_each_distribution_holds_exactly_its_package(folder):
+    base = ROOT / folder
+    assert (base / "pyproject.toml").is_file()
+    holds = sorted(p.name for p in (base / "pollux").iterdir() if p.is_dir() and p.name[0] != "_")
+    assert [f"pollux.{name}" for name in holds] == [DISTRIBUTIONS[folder]]
+
+
+@pytest.mark.parametrize("package", [pkg for pkg in DISTRIBUTIONS.values() if pkg])
+def test_every_import_name_resolves_to_its_one_folder(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    folder = next(f for f, pkg in DISTRIBUTIONS.items() if pkg == package)
+    expected = ROOT / folder / "pollux" / package.split(".")[1] / "__init__.py"
+    assert Path(module.__file__ or "") == expected

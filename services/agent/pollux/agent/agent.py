@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import structlog
 
-from pollux.agent import ownership
 from pollux.agent.batch_config import BatchConfigError, choose
 from pollux.agent.config import AgentConfig
 from pollux.agent.profile import (
@@ -32,6 +31,7 @@ from pollux.agent.profile import (
     shape_key,
 )
 from pollux.goodput import GoodputError
+from pollux.service import ownership
 from pollux.service.errors import FailedPrecondition, NotFound, Unavailable
 from pollux.service.store import Conflict, Entry, Store, StoreError
 from pollux.v1 import agent_service_pb2 as api

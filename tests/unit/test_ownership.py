@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pollux.agent.ownership import owner, ranked, weight
+from pollux.service.ownership import owner, ranked, weight
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
 agent_sets = st.sets(ids, min_size=1, max_size=8)
@@ -86,7 +86,14 @@ def test_ranked_accepts_registrations_with_a_key():
 
 def test_module_imports_only_the_standard_library():
     # The launcher imports it to order POLLUX_AGENT_ADDR; it must not pull grpc or etcd.
-    source = Path(__file__).resolve().parents[2] / "services" / "agent" / "ownership.py"
+    source = (
+        Path(__file__).resolve().parents[2]
+        / "services"
+        / "common"
+        / "pollux"
+        / "service"
+        / "ownership.py"
+    )
     tree = ast.parse(source.read_text())
     imported = {
         alias.name.split(".")[0]

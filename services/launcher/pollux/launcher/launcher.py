@@ -46,7 +46,6 @@ from typing import Any
 import prometheus_client
 import structlog
 
-from pollux.agent.ownership import ranked
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import Inventory
 from pollux.launcher.placement import (
@@ -59,6 +58,7 @@ from pollux.launcher.placement import (
     replica_env,
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.service.ownership import ranked
 from pollux.service.store import (
     Conflict,
     Entry,
