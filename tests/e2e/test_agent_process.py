@@ -12,38 +12,16 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pollux.service.store import Delete, Store
+from pollux.service.store import Store
 from pollux.v1 import types_pb2 as pb
-from tests.etcd_server import EtcdServer
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    server = EtcdServer.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def store(etcd: EtcdServer) -> AsyncIterator[Store]:
-    root = f"/pollux-test/{uuid.uuid4().hex[:12]}"
-    store = await Store.connect(etcd.endpoint, root)
-    try:
-        yield store
-    finally:
-        await store.txn([Delete(root.encode() + b"/", prefix=True)])
-        await store.close()
 
 
 def start_agent(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -56,14 +34,13 @@ def start_agent(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 async def registered(store: Store, process: subprocess.Popen[bytes]) -> pb.Member:
-    deadline = asyncio.get_running_loop().time() + 20
-    while True:
-        agents, _ = await store.list_agents()
-        if agents:
-            return agents[0].value
+    async def member() -> pb.Member | None:
         assert process.poll() is None, process.communicate()[1].decode()
-        assert asyncio.get_running_loop().time() < deadline, "agent did not register"
-        await asyncio.sleep(0.1)
+        agents, _ = await store.list_agents()
+        return agents[0].value if agents else None
+
+    found: pb.Member = await eventually(member, 20, "the agent to register")
+    return found
 
 
 async def test_the_agent_serves_registers_and_stops_cleanly_on_sigterm(etcd, store):
@@ -112,6 +89,6 @@ async def test_a_bad_configuration_exits_2_naming_every_problem():
             process.wait()
     assert process.returncode == 2
     text = stderr.decode()
-    assert "agent_invalid_configuration" in text
+    assert "invalid_configuration" in text
     assert "etcd.endpoint" in text
     assert "lease_ttl_s" in text

@@ -7,44 +7,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pollux.service.store import Delete, Store
+from pollux.service.store import Store
 from pollux.v1 import types_pb2 as pb
+from tests.etcd_server import EtcdServer
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # tests/e2e is not a package (no __init__.py) yet
-    sys.path.insert(0, str(REPO))
-from tests.etcd_server import EtcdServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    server = EtcdServer.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def store(etcd: EtcdServer) -> AsyncIterator[Store]:
-    root = f"/pollux-e2e/{uuid.uuid4().hex[:12]}"
-    store = await Store.connect(etcd.endpoint, root)
-    try:
-        yield store
-    finally:
-        await store.txn([Delete(root.encode() + b"/", prefix=True)])
-        await store.close()
 
 
 def launch(etcd: EtcdServer, store: Store, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
@@ -74,16 +50,6 @@ def launch(etcd: EtcdServer, store: Store, tmp_path: Path, *extra: str) -> subpr
     )
 
 
-async def wait_for(check, timeout: float = 15.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
 async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
     etcd: EtcdServer, store: Store, tmp_path: Path
 ) -> None:
@@ -94,7 +60,7 @@ async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
             nodes, _ = await store.list_nodes()
             return nodes[0].value if nodes else None
 
-        node = await wait_for(registered)
+        node = await eventually(registered, 15, "the node to register")
         assert (node.name, node.gpus, node.gpu_type) == ("e2e-node", 2, "cpu-slot")
 
         async with grpc.aio.insecure_channel(node.address) as channel:
@@ -118,7 +84,7 @@ async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
                 bool(entries) and entries[0].value.phase == "running" and entries[0].value.pid > 0
             )
 
-        await wait_for(running)
+        await eventually(running, 15, "the replica to run")
         process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.to_thread(process.communicate, timeout=30)
         assert process.returncode == 0, output

@@ -20,15 +20,16 @@ from grpc_status import rpc_status
 from pollux.agent.agent import Agent
 from pollux.agent.batch_config import choose
 from pollux.agent.config import AgentConfig
+from pollux.agent.main import AgentApp
 from pollux.agent.profile import goodput_model
-from pollux.agent.servicer import AgentServicer
 from pollux.goodput import PerfParams, goodput, step_times
-from pollux.service.config import EtcdConfig
+from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,28 +64,22 @@ async def running_agent(
     refit_min_interval_s: float = 30.0,
     lease_ttl_s: int = 5,
 ) -> AsyncIterator[Running]:
-    """An agent with its own etcd connection, served by a real grpc.aio server."""
+    """An agent process's app (gRPC server and agent) with its own etcd connection."""
     store = await Store.connect(etcd.endpoint, root)
     config = AgentConfig(
         etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
+        server=ServerConfig(grace_s=0),
         agent_id=agent_id,
         lease_ttl_s=lease_ttl_s,
         refit_min_interval_s=refit_min_interval_s,
     )
-    agent = Agent(store, config, clock=clock or FakeClock())
-    server = grpc.aio.server()
-    api_grpc.add_AgentServiceServicer_to_server(AgentServicer(agent), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    address = f"127.0.0.1:{port}"
-    channel = grpc.aio.insecure_channel(address)
+    app = AgentApp(config, store, clock=clock or FakeClock())
     try:
-        await agent.start(address)
-        yield Running(agent, api_grpc.AgentServiceStub(channel), address)
+        await app.start()
+        async with grpc.aio.insecure_channel(app.address) as channel:
+            yield Running(app.agent, api_grpc.AgentServiceStub(channel), app.address)
     finally:
-        await channel.close()
-        await agent.stop()
-        await server.stop(None)
+        await app.stop()
         await store.close()
 
 
@@ -134,13 +129,6 @@ def violations(error: grpc.aio.AioRpcError) -> list[str]:
         assert detail.Unpack(bad)
         fields.extend(v.field for v in bad.field_violations)
     return fields
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_reports_build_a_model_that_batch_configs_follow(etcd, root, store):
@@ -400,10 +388,7 @@ async def test_a_lost_lease_is_replaced_and_the_agent_registers_again(etcd, root
             again, _ = await store.list_agents()
             return len(again) == 1 and again[0].lease != entry.lease
 
-        deadline = asyncio.get_running_loop().time() + 10
-        while not await registered_again():
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.1)
+        await eventually(registered_again, 10, "the agent to register again")
 
 
 async def test_each_rpc_logs_one_canonical_line_with_its_job(etcd, root, store):

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import json
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,15 @@ import pytest
 
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import detect
-from pollux.launcher.launcher import NodeNameInUseError
 from pollux.launcher.main import LauncherApp
-from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.config import ConfigError, EtcdConfig, ServerConfig
 from pollux.service.ownership import ranked
 from pollux.service.store import Delete, Store
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import launcher_service_pb2_grpc as lgrpc
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -131,20 +130,6 @@ async def allocate(store: Store, job_id: str, *nodes: str, generation: int) -> N
     )
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll `check` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.05)
-
-
 async def statuses(store: Store, job_id: str) -> dict[int, pb.ReplicaStatus]:
     entries, _ = await store.list_replica_statuses(job_id)
     return {e.value.rank: e.value for e in entries}
@@ -230,8 +215,10 @@ async def test_exit_codes_are_reported(
     missing = app.launcher.find("j-missing", 0)
     assert missing is not None
     assert "cannot start" in missing.log.tail(0)[0][0]
-    # An exited replica is not restarted by the launcher: the scheduler decides.
-    await asyncio.sleep(0.5)
+    # An exited replica is not restarted by the launcher: the scheduler decides. Two more
+    # passes prove the launcher looked again after the exit.
+    seen = app.launcher.passes
+    await eventually(lambda: app.launcher.passes >= seen + 2, 10, "two reconcile passes")
     assert len([r for r in app.launcher.replicas() if r.job_id == "j-bad"]) == 1
 
 
@@ -268,7 +255,11 @@ async def test_new_generation_waits_for_old_replicas_on_other_nodes(
         )
         await allocate(store, job_id, "n1", generation=2)
 
-    await asyncio.sleep(1.0)
+    # The launcher looked (passes after the allocations) and holds both at the barrier.
+    seen = app.launcher.passes
+    await eventually(
+        lambda: app.launcher.passes >= seen + 2 and app.launcher.waiting, 10, "the barrier"
+    )
     assert not list(out.glob("*/env-*")), "started while generation 1 still runs on n2"
 
     await store.put_replica_status(
@@ -408,7 +399,7 @@ async def test_a_node_name_held_by_another_live_launcher_is_refused(
     config = dataclasses.replace(make_config(etcd, root, tmp_path), lease_ttl_s=2)
     app = LauncherApp(config, detect(2), store)
     try:
-        with pytest.raises(NodeNameInUseError, match=r"10\.9\.9\.9:7000"):
+        with pytest.raises(ConfigError, match=r"node_name: 'n1' is registered .* 10\.9\.9\.9:7000"):
             await app.start()
     finally:
         await app.stop()

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
-from pollux.scheduler.leader import Election, Session, current_leader
-from pollux.scheduler.scheduler import Scheduler
-from pollux.scheduler.servicer import SchedulerServicer
-from pollux.service.config import EtcdConfig
-from pollux.service.server import ServiceHost
+from pollux.scheduler.leader import Election, current_leader
+from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
+from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.session import LeaseSession
 from pollux.service.store import FenceLost, Put, Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.waiting import eventually
 
 SERVICE = "pollux.v1.SchedulerService"
 
@@ -47,41 +47,25 @@ def config(etcd: EtcdServer, root: str, name: str, policy: str = "pollux") -> Sc
 
 
 class Replica:
-    """An in-process scheduler replica with its gRPC server and a client stub."""
+    """An in-process scheduler replica (the service's own app) with a client stub."""
 
     def __init__(self, store: Store, cfg: SchedulerConfig) -> None:
         self.store = store
-        self.scheduler = Scheduler(store, cfg, address="")
-        self.host = ServiceHost("scheduler", "127.0.0.1:0")
-        self.task: asyncio.Task[None] | None = None
+        self.app = SchedulerApp(store=store, config=replace(cfg, server=ServerConfig(grace_s=0)))
+        self.scheduler = self.app.scheduler
         self.channel: grpc.aio.Channel | None = None
         self.stub: spb_grpc.SchedulerServiceStub
 
     async def start(self) -> Replica:
-        servicer = SchedulerServicer(
-            self.store,
-            self.scheduler.member.id,
-            self.scheduler.trigger,
-            lambda: self.scheduler.last_round,
-        )
-        await self.host.start(
-            lambda s: spb_grpc.add_SchedulerServiceServicer_to_server(servicer, s), [SERVICE]
-        )
-        self.scheduler.member.address = self.host.address
-        self.task = asyncio.create_task(self.scheduler.run())
-        self.channel = grpc.aio.insecure_channel(self.host.address)
+        await self.app.start()
+        self.channel = grpc.aio.insecure_channel(self.app.address)
         self.stub = spb_grpc.SchedulerServiceStub(self.channel)
         return self
 
     async def stop(self) -> None:
-        await self.scheduler.stop()
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
         if self.channel is not None:
             await self.channel.close()
-        await self.host.stop(0)
+        await self.app.stop()
 
 
 @pytest.fixture
@@ -91,14 +75,6 @@ async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Re
         yield r
     finally:
         await r.stop()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def add_node(store: Store, name: str, gpus: int) -> int:
@@ -300,20 +276,60 @@ async def test_standby_takes_over_and_deposed_leader_cannot_write(
         await second_store.close()
 
 
+async def _health(replica: Replica, service: str) -> int:
+    assert replica.channel is not None
+    reply = await health_pb2_grpc.HealthStub(replica.channel).Check(
+        health_pb2.HealthCheckRequest(service=service)
+    )
+    return int(reply.status)
+
+
+async def test_leader_health_is_serving_only_on_the_replica_that_leads(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    first = await Replica(store, config(etcd, root, "s-a")).start()
+    await eventually(lambda: _leads(store, "s-a"))
+    second_store = await Store.connect(etcd.endpoint, root)
+    second = await Replica(second_store, config(etcd, root, "s-b")).start()
+    try:
+
+        async def serves(replica: Replica) -> bool:
+            return await _health(replica, LEADER_HEALTH) == serving
+
+        await eventually(lambda: serves(first), 10, "the leader to report SERVING")
+        assert await _health(second, LEADER_HEALTH) == not_serving
+        for replica in (first, second):  # every replica serves reads and submits
+            assert await _health(replica, SERVICE) == serving
+        await first.stop()
+        await eventually(lambda: serves(second), 10, "the new leader to report SERVING")
+    finally:
+        await second.stop()
+        await second_store.close()
+
+
 async def _leads(store: Store, member_id: str) -> bool:
     leader = await current_leader(store)
     return leader is not None and leader.id == member_id
 
 
 async def test_expired_lease_fences_a_paused_leader(store: Store) -> None:
-    session = Session(store, ttl_s=2)
+    session = LeaseSession(store, 2, holder="leader")
     await session.start()
     fence = await Election(session, pb.Member(id="paused")).campaign()
     await store.txn([Put(store.keys.job("ok"), b"")], fence=fence)
-    # Simulate a long pause: stop refreshing and let etcd expire the lease.
+    # Simulate a long pause: stop refreshing and let etcd expire the lease (which deletes the
+    # election key with it).
     assert session._task is not None
     session._task.cancel()
-    await asyncio.sleep(3.5)
+
+    async def key_expired() -> bool:
+        return await store.get(store.keys.leader(session.lease_id), pb.Member) is None
+
+    await eventually(key_expired, 10, "etcd to expire the paused leader's lease")
     with pytest.raises(FenceLost):
         await store.txn([Put(store.keys.job("late"), b"")], fence=fence)
     assert await store.get_job("late") is None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pollux.launcher.config import LauncherConfig, validate
+from pollux.launcher.config import LauncherConfig
 from pollux.launcher.placement import (
     PlacementError,
     ReplicaPlan,
@@ -18,6 +18,7 @@ from pollux.launcher.placement import (
     plan_replicas,
     replica_env,
 )
+from pollux.service.config import validate
 from pollux.v1 import types_pb2 as pb
 
 NODES = {

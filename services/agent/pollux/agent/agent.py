@@ -33,7 +33,8 @@ from pollux.agent.profile import (
 from pollux.goodput import GoodputError
 from pollux.service import ownership
 from pollux.service.errors import FailedPrecondition, NotFound, Unavailable
-from pollux.service.store import Conflict, Entry, Store, StoreError
+from pollux.service.session import LeasedRegistration
+from pollux.service.store import Conflict, Entry, Store, StoreError, cancel_and_wait
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -97,7 +98,7 @@ class Agent:
         self._clock = clock
         self._rng = rng or random.Random()
         self._address = ""
-        self._lease = 0
+        self._registration: LeasedRegistration | None = None
         self._live: frozenset[str] = frozenset()
         self._cache: dict[str, _Cached] = {}
         self._last_fit: dict[str, float] = {}
@@ -116,53 +117,32 @@ class Agent:
         return ownership.owner(job_id, self._live) == self.id
 
     async def start(self, address: str) -> None:
-        """Register as `address` under a lease and start the keep-alive and membership tasks."""
+        """Register as `address` under a lease and start the registration and membership tasks."""
         self._address = address
-        await self._register()
+        registration = LeasedRegistration(
+            self._store, self._config.lease_ttl_s, self._register, holder="agent"
+        )
+        await registration.start()
+        self._registration = registration
         entries, revision = await self._store.list_agents()
         self._set_live(frozenset(e.value.id for e in entries))
         self._tasks = [
-            asyncio.create_task(self._keep_alive(), name=f"agent-keepalive-{self.id}"),
             asyncio.create_task(self._watch_members(revision), name=f"agent-members-{self.id}"),
         ]
 
     async def stop(self) -> None:
         """Stop the background tasks and revoke the lease, which deregisters the agent."""
         for task in self._tasks:
-            # NOTE: cancel until done. aetcd creates a watch inside asyncio.wait_for, which on
-            # Python 3.11 can swallow a cancellation that races the watch's creation
-            # (python/cpython#86296); one cancel() right after start() is then lost.
-            while not task.done():
-                task.cancel()
-                await asyncio.wait([task], timeout=0.1)
+            await cancel_and_wait(task)
         self._tasks = []
-        if self._lease:
-            try:
-                await self._store.revoke_lease(self._lease)
-            except StoreError as error:
-                log.warning("agent_revoke_failed", lease=self._lease, error=str(error))
-            self._lease = 0
+        if self._registration is not None:
+            await self._registration.close(revoke=True)
+            self._registration = None
         log.info("agent_deregistered", agent_id=self.id)
 
-    async def _register(self) -> None:
-        # The lease is adopted only once the key is written under it: if the write fails, the
-        # old (expired) lease stays current, so the next keep-alive fails and retries this.
-        lease = await self._store.grant_lease(self._config.lease_ttl_s)
+    async def _register(self, lease: int) -> None:
         member = pb.Member(id=self.id, address=self._address)
         await self._store.register_agent(member, lease=lease)
-        self._lease = lease
-        log.info("agent_registered", agent_id=self.id, address=self._address, lease=lease)
-
-    async def _keep_alive(self) -> None:
-        interval = self._config.lease_ttl_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if await self._store.keep_alive(self._lease) <= 0:
-                    log.warning("agent_lease_lost", lease=self._lease)
-                    await self._register()
-            except StoreError as error:
-                log.warning("agent_keep_alive_failed", lease=self._lease, error=str(error))
 
     async def _watch_members(self, revision: int) -> None:
         prefix = self._store.keys.prefix("agents")

@@ -2,16 +2,13 @@
 
 Each handler decodes and validates the whole request before anything touches etcd (a bad
 request changes nothing and gets INVALID_ARGUMENT naming every bad field), calls the agent,
-and encodes the reply; `grpc_errors` maps typed errors to status codes. Every RPC runs with
-`job_id` bound in the log context and ends in one canonical log line with its outcome and
-duration, and feeds the Prometheus metrics below.
+and encodes the reply. The service skeleton's `RpcObserver` maps typed errors to status codes,
+binds `job_id` in the log context and ends every RPC in one canonical log line (the fields
+`annotate` adds included) and a latency observation; the agent's own metrics are below.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -20,8 +17,8 @@ import structlog
 
 from pollux.agent.agent import Agent
 from pollux.agent.profile import check_report
-from pollux.service.errors import InvalidArgument, ServiceError, grpc_errors
-from pollux.service.store import Conflict, StoreUnavailable
+from pollux.service.errors import InvalidArgument
+from pollux.service.rpc import annotate
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
 
@@ -41,11 +38,6 @@ FIT_SECONDS = prometheus_client.Histogram(
     "Seconds per throughput-model fit.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
-RPC_SECONDS = prometheus_client.Histogram(
-    "pollux_agent_rpc_seconds",
-    "AgentService RPC latency, by method and status.",
-    ["method", "code"],
-)
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -56,103 +48,57 @@ class AgentServicer(api_grpc.AgentServiceServicer):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
-    @grpc_errors
     async def ReportMetrics(
         self, request: api.ReportMetricsRequest, context: Context
     ) -> api.ReportMetricsResponse:
         """Merge a replica's report into the job's profile (see agent_service.proto)."""
-        async with _rpc("ReportMetrics", request.job_id) as line:
-            line.update(generation=request.generation, rank=request.rank, seq=request.seq)
-            problems = check_report(request)
-            if problems:
-                raise InvalidArgument(problems)
-            outcome = await self._agent.report_metrics(request)
-            REPORTS.labels("applied" if outcome.applied else "duplicate").inc()
-            if outcome.fit_seconds is not None:
-                FITS.labels("failed" if outcome.fit_failed else "ok").inc()
-                FIT_SECONDS.observe(outcome.fit_seconds)
-            line.update(
-                applied=outcome.applied,
-                observations=outcome.observations,
-                fit_s=None if outcome.fit_seconds is None else round(outcome.fit_seconds, 4),
-                attempts=outcome.attempts,
-            )
-            return api.ReportMetricsResponse(
-                applied=outcome.applied, observations=outcome.observations
-            )
+        annotate(generation=request.generation, rank=request.rank, seq=request.seq)
+        problems = check_report(request)
+        if problems:
+            raise InvalidArgument(problems)
+        outcome = await self._agent.report_metrics(request)
+        REPORTS.labels("applied" if outcome.applied else "duplicate").inc()
+        if outcome.fit_seconds is not None:
+            FITS.labels("failed" if outcome.fit_failed else "ok").inc()
+            FIT_SECONDS.observe(outcome.fit_seconds)
+        annotate(
+            applied=outcome.applied,
+            observations=outcome.observations,
+            fit_s=None if outcome.fit_seconds is None else round(outcome.fit_seconds, 4),
+            attempts=outcome.attempts,
+        )
+        return api.ReportMetricsResponse(applied=outcome.applied, observations=outcome.observations)
 
-    @grpc_errors
     async def GetBatchConfig(
         self, request: api.GetBatchConfigRequest, context: Context
     ) -> api.GetBatchConfigResponse:
         """The batch configuration for an allocation shape (see agent_service.proto)."""
-        async with _rpc("GetBatchConfig", request.job_id) as line:
-            line.update(num_nodes=request.num_nodes, num_replicas=request.num_replicas)
-            problems = []
-            if not request.job_id:
-                problems.append(("job_id", "must not be empty"))
-            if request.num_nodes < 1:
-                problems.append(("num_nodes", "must be >= 1"))
-            if request.num_replicas < max(request.num_nodes, 1):
-                problems.append(
-                    ("num_replicas", f"must be >= num_nodes ({request.num_nodes}) and >= 1")
-                )
-            if problems:
-                raise InvalidArgument(problems)
-            config = await self._agent.get_batch_config(
-                request.job_id, request.num_nodes, request.num_replicas
+        annotate(num_nodes=request.num_nodes, num_replicas=request.num_replicas)
+        problems = []
+        if not request.job_id:
+            problems.append(("job_id", "must not be empty"))
+        if request.num_nodes < 1:
+            problems.append(("num_nodes", "must be >= 1"))
+        if request.num_replicas < max(request.num_nodes, 1):
+            problems.append(
+                ("num_replicas", f"must be >= num_nodes ({request.num_nodes}) and >= 1")
             )
-            line.update(
-                local_batch_size=config.local_batch_size,
-                accum_steps=config.accum_steps,
-                speedup=round(config.predicted_speedup, 3),
-            )
-            return api.GetBatchConfigResponse(config=config)
+        if problems:
+            raise InvalidArgument(problems)
+        config = await self._agent.get_batch_config(
+            request.job_id, request.num_nodes, request.num_replicas
+        )
+        annotate(
+            local_batch_size=config.local_batch_size,
+            accum_steps=config.accum_steps,
+            speedup=round(config.predicted_speedup, 3),
+        )
+        return api.GetBatchConfigResponse(config=config)
 
-    @grpc_errors
     async def GetModel(
         self, request: api.GetModelRequest, context: Context
     ) -> api.GetModelResponse:
         """The job's latest model (see agent_service.proto)."""
-        async with _rpc("GetModel", request.job_id):
-            if not request.job_id:
-                raise InvalidArgument([("job_id", "must not be empty")])
-            return api.GetModelResponse(model=await self._agent.get_model(request.job_id))
-
-
-@contextlib.asynccontextmanager
-async def _rpc(method: str, job_id: str) -> AsyncIterator[dict[str, Any]]:
-    """Bind the job id, time the RPC, and emit its one canonical log line and metrics.
-
-    Yields a dict the handler fills with fields for the log line.
-    """
-    line: dict[str, Any] = {}
-    started = time.perf_counter()
-    code = "OK"
-    with structlog.contextvars.bound_contextvars(job_id=job_id, rpc=method):
-        try:
-            yield line
-        except Exception as error:
-            code = _code_of(error)
-            line["error"] = str(error)
-            raise
-        finally:
-            seconds = time.perf_counter() - started
-            RPC_SECONDS.labels(method, code).observe(seconds)
-            client_side = code in ("OK", "INVALID_ARGUMENT", "NOT_FOUND")
-            (log.info if client_side else log.warning)(
-                "rpc",
-                code=code,
-                duration_ms=round(seconds * 1000, 2),
-                **line,
-            )
-
-
-def _code_of(error: Exception) -> str:
-    if isinstance(error, ServiceError):
-        return str(error.code.name)
-    if isinstance(error, StoreUnavailable):
-        return "UNAVAILABLE"
-    if isinstance(error, Conflict):
-        return "ABORTED"
-    return "INTERNAL"
+        if not request.job_id:
+            raise InvalidArgument([("job_id", "must not be empty")])
+        return api.GetModelResponse(model=await self._agent.get_model(request.job_id))

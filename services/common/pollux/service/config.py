@@ -1,10 +1,12 @@
 """Typed service configuration: frozen dataclasses, one TOML file, environment overrides.
 
-`load(cls, path, env_prefix)` reads a TOML file (optional) into a tree of frozen dataclasses,
-applies environment overrides (``<PREFIX>_<SECTION>__<FIELD>``, e.g.
-``POLLUX_SCHEDULER_ETCD__ENDPOINT=10.0.0.5:2379``), converts values to the declared types and
-collects *every* problem — unknown keys, wrong types, values a dataclass's `problems()` rejects
-— before raising one `ConfigError` that lists them with dotted paths (style.md R11).
+`load(cls, path, env_prefix, overrides)` layers, lowest first: the dataclass defaults, a TOML
+file (optional), environment overrides (``<PREFIX>_<SECTION>__<FIELD>``, e.g.
+``POLLUX_SCHEDULER_ETCD__ENDPOINT=10.0.0.5:2379``) and explicit overrides by dotted path (the
+command-line flags; a flag left out is None and overrides nothing). It converts values to the
+declared types and collects *every* problem — an unreadable file, unknown keys, wrong types,
+values a dataclass's `problems()` rejects — before raising one `ConfigError` that lists them
+with dotted paths. `pollux.service.entry` is the one caller of the services.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_INVALID: Any = object()
+"""What `_convert` returns for a value it cannot convert (the problem is recorded)."""
 
 
 class ConfigError(ValueError):
@@ -29,8 +33,19 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def load(cls: type[T], path: Path | None = None, env_prefix: str = "POLLUX") -> T:
-    """Build `cls` from defaults, then the TOML file, then the environment.
+def load(
+    cls: type[T],
+    path: Path | None = None,
+    env_prefix: str = "POLLUX",
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Build `cls` from defaults, then the TOML file, then the environment, then `overrides`.
+
+    Args:
+        cls: The config dataclass.
+        path: TOML file, or None for none.
+        env_prefix: Environment variables ``<env_prefix>_...`` override the file.
+        overrides: Values by dotted field path (``"etcd.endpoint"``); None values are skipped.
 
     Raises:
         ConfigError: With every problem found.
@@ -41,16 +56,30 @@ def load(cls: type[T], path: Path | None = None, env_prefix: str = "POLLUX") -> 
         try:
             raw = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
-            raise ConfigError([f"{path}: no such file"]) from None
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError([f"{path}: not valid TOML: {error}"]) from None
+            problems.append(f"{path}: no such file")
+        except OSError as error:
+            problems.append(f"{path}: cannot read: {error.strerror}")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            problems.append(f"{path}: not valid TOML: {error}")
     _apply_env(raw, env_prefix, os.environ)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set(raw, dotted.split("."), value)
     value = _build(cls, raw, "", problems)
-    if not problems:
-        problems.extend(validate(value, ""))
+    problems.extend(validate(value, ""))
     if problems:
         raise ConfigError(problems)
     return typing.cast(T, value)
+
+
+def _set(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    node = raw
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[path[-1]] = value
 
 
 def _apply_env(raw: dict[str, Any], prefix: str, env: Mapping[str, str]) -> None:
@@ -88,7 +117,9 @@ def _build(cls: Any, raw: Any, where: str, problems: list[str]) -> Any:
         if dataclasses.is_dataclass(hint):
             values[f.name] = _build(hint, raw[f.name], path + ".", problems)
         else:
-            values[f.name] = _convert(raw[f.name], hint, path, problems)
+            converted = _convert(raw[f.name], hint, path, problems)
+            if converted is not _INVALID:  # else keep the default, so the rest still validates
+                values[f.name] = converted
     return cls(**values)
 
 
@@ -103,13 +134,14 @@ def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             problems.append(f"{path}: expected a list, got {value!r}")
-            return ()
+            return _INVALID
         inner = typing.get_args(hint)[0]
-        return tuple(
+        converted = tuple(
             _convert(v.strip() if isinstance(v, str) else v, inner, path, problems)
             for v in items
             if v != ""
         )
+        return _INVALID if _INVALID in converted else converted
     try:
         if hint is bool:
             if isinstance(value, bool):
@@ -127,7 +159,7 @@ def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
             return Path(value)
     except (TypeError, ValueError):
         problems.append(f"{path}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-        return None
+        return _INVALID
     return value
 
 

@@ -1,15 +1,15 @@
 """Typed service errors and their one mapping to gRPC status codes (style.md R6).
 
 Handlers validate the whole request first, collecting every problem in `Violations`, and raise
-`InvalidArgument` before touching etcd, so a bad request changes nothing. `grpc_errors` turns
-typed errors (ours and the store's) into status codes with a message that says what to fix;
-INVALID_ARGUMENT also carries a `google.rpc.BadRequest` detail naming each field.
+`InvalidArgument` before touching etcd, so a bad request changes nothing. `status_of` is the one
+table from typed errors (ours and the store's) to status codes, with a message that says what to
+fix; INVALID_ARGUMENT also carries a `google.rpc.BadRequest` detail naming each field. Handlers
+never map errors themselves: `pollux.service.rpc.RpcObserver` applies the table to whatever
+escapes a handler of any service.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -90,7 +90,12 @@ class Violations:
             raise InvalidArgument(list(self.items))
 
 
-def _status(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
+def status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
+    """The status code, message and `google.rpc` details a failed RPC returns for `error`.
+
+    A lost fence is UNAVAILABLE (retry: another replica leads now) and a lost compare is
+    ABORTED (re-read and retry); anything untyped is INTERNAL, named but never hidden.
+    """
     if isinstance(error, InvalidArgument):
         detail = error_details_pb2.BadRequest(
             field_violations=[
@@ -114,9 +119,7 @@ def _status(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
     """End the RPC with the status of `error`."""
-    code, message, details = _status(error)
-    if code == grpc.StatusCode.INTERNAL:
-        log.exception("rpc_internal_error", error=message)
+    code, message, details = status_of(error)
     packed = []
     for detail in details:
         holder = any_pb2.Any()
@@ -124,35 +127,3 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -
         packed.append(holder)
     status = status_pb2.Status(code=code_pb2.Code.Value(code.name), message=message, details=packed)
     await context.abort_with_status(rpc_status.to_status(status))
-
-
-def grpc_errors(
-    handler: Callable[..., Awaitable[T]],
-) -> Callable[..., Awaitable[T]]:
-    """Map typed errors of a unary handler to gRPC status codes."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: Any) -> T:
-        try:
-            return await handler(self, request, context)
-        except (ServiceError, StoreError) as error:
-            await abort(context, error)
-            raise AssertionError("unreachable: abort raises") from error
-
-    return wrapper
-
-
-def grpc_stream_errors(
-    handler: Callable[..., AsyncIterator[T]],
-) -> Callable[..., AsyncIterator[T]]:
-    """Map typed errors of a server-streaming handler to gRPC status codes."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[T]:
-        try:
-            async for item in handler(self, request, context):
-                yield item
-        except (ServiceError, StoreError) as error:
-            await abort(context, error)
-
-    return wrapper

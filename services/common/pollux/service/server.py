@@ -1,8 +1,9 @@
-"""A gRPC aio server with what every Pollux service ships (style.md R7).
+"""A gRPC aio server with what every Pollux service ships.
 
-Health (grpcio-health-checking, per-service status), server reflection, a Prometheus metrics
-endpoint, and graceful shutdown: on SIGTERM/SIGINT the health status turns NOT_SERVING, new RPCs
-are refused and in-flight ones get `grace_s` to finish.
+The RPC observer (pollux.service.rpc: status mapping, one log line and one latency observation
+per call), health (grpcio-health-checking, per-service status), server reflection, a Prometheus
+metrics endpoint, and graceful shutdown: on SIGTERM/SIGINT the health status turns NOT_SERVING,
+new RPCs are refused and in-flight ones get `grace_s` to finish.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import prometheus_client
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from pollux.service.rpc import RpcObserver
 
 log = structlog.get_logger(__name__)
 
@@ -34,28 +37,25 @@ class ServiceHost:
         self.name = name
         self.listen = listen
         self.metrics_listen = metrics_listen
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(
+            interceptors=[RpcObserver()], options=[("grpc.so_reuseport", 0)]
+        )
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_server: Any = None
         self._services: list[str] = []
+        self._started = False
 
-    @property
-    def address(self) -> str:
-        """host:port clients can dial (the bound port, even when 0 was asked for)."""
-        host = self.listen.rpartition(":")[0] or "127.0.0.1"
-        if host in ("0.0.0.0", "[::]", ""):
-            host = "127.0.0.1"
-        return f"{host}:{self.port}"
+    async def start(self, register: Callable[[grpc.aio.Server], Sequence[str]]) -> int:
+        """Register servicers, health and reflection; bind; start. Returns the bound port.
 
-    async def start(
-        self, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str]
-    ) -> int:
-        """Register servicers, health and reflection; bind; start. Returns the bound port."""
-        register(self.server)
+        Args:
+            register: Adds the servicers and returns their full service names.
+        """
+        service_names = list(register(self.server))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self._services = list(service_names)
+        self._services = service_names
         reflection.enable_server_reflection(
             [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
@@ -63,13 +63,16 @@ class ServiceHost:
         if self.port == 0:
             raise OSError(f"{self.name}: cannot bind {self.listen}")
         await self.server.start()
+        self._started = True
         for service in ("", *service_names):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_listen is not None:
             host, _, port = self.metrics_listen.rpartition(":")
             self._metrics_server, _ = prometheus_client.start_http_server(int(port), host or "")
             self.metrics_port = int(self._metrics_server.server_port)
-        log.info("server_started", address=self.address, metrics_port=self.metrics_port)
+        log.info(
+            "server_started", listen=self.listen, port=self.port, metrics_port=self.metrics_port
+        )
         return self.port
 
     async def set_serving(self, service: str, serving: bool) -> None:
@@ -83,8 +86,10 @@ class ServiceHost:
 
     async def stop(self, grace_s: float) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new RPCs, let in-flight ones finish."""
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        if self._started:
+            self._started = False
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(grace_s)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None

@@ -3,7 +3,7 @@
 TOML sections ``[etcd]`` and ``[server]`` plus the top-level settings below; environment
 overrides use the prefix ``POLLUX_LAUNCHER`` (``POLLUX_LAUNCHER_GPUS=2``,
 ``POLLUX_LAUNCHER_ETCD__ENDPOINT=10.0.0.5:2379``). Command-line flags are applied on top by
-`main`, after which `validate` reports every problem at once.
+pollux.service.entry, which then reports every problem of the tree at once.
 """
 
 from __future__ import annotations
@@ -96,12 +96,3 @@ class LauncherConfig:
             if not sep or not _LABEL_KEY.fullmatch(key):
                 out.append(f"labels: {entry!r} is not key=value with key of [A-Za-z0-9._/-]")
         return out
-
-
-def validate(config: LauncherConfig) -> list[str]:
-    """Every problem of a whole config tree with its dotted path (after CLI overrides)."""
-    return [
-        *config.problems(),
-        *(f"etcd.{p}" for p in config.etcd.problems()),
-        *(f"server.{p}" for p in config.server.problems()),
-    ]

@@ -1,9 +1,10 @@
 """The node's control loop: registration, allocation watch, replica start/stop, status reports.
 
-Registration. The node is registered under a lease kept alive every ttl/3. A lost lease (etcd
-answered that it expired, or no keep-alive succeeded for a whole ttl) means the rest of the
-cluster already counts this node as gone and may re-place its replicas, so the launcher stops
-its replicas (self-fencing) and registers again under a new lease.
+Registration. The node is registered under a `LeasedRegistration` (pollux.service.session: the
+one lease rule every lease holder shares). A lost lease (etcd answered that it expired, or no
+keep-alive succeeded for a whole ttl) means the rest of the cluster already counts this node as
+gone and may re-place its replicas, so the launcher stops its replicas (self-fencing) and
+registers again under a new lease.
 
 Watch. Allocations are listed at one revision and watched from the next, so no change is
 missed; every change and a periodic timer trigger one reconcile pass (`reconcile`), which also
@@ -59,6 +60,7 @@ from pollux.launcher.placement import (
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
 from pollux.service.ownership import ranked
+from pollux.service.session import LeasedRegistration
 from pollux.service.store import (
     Conflict,
     Entry,
@@ -83,6 +85,9 @@ REPLICA_EXITS = prometheus_client.Counter(
 )
 REPLICAS_RUNNING = prometheus_client.Gauge(
     "pollux_launcher_replicas_running", "Replicas alive on this node."
+)
+RECONCILE_PASSES = prometheus_client.Counter(
+    "pollux_launcher_reconcile_passes_total", "Reconcile passes finished (successful or not)."
 )
 LEASE_LOSSES = prometheus_client.Counter(
     "pollux_launcher_lease_losses_total", "Times the node registration lease was lost."
@@ -159,12 +164,18 @@ class Launcher:
         self._background: set[asyncio.Task[None]] = set()
         self._orphans: set[tuple[str, int, int]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._keepalive: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._waiting = False
+        self.passes = 0
+        """Reconcile passes finished (successful or not): what "the launcher looked" means."""
         self._scan_orphans = True
-        self._lease = 0
-        self._lease_ok_at = 0.0
+        self._registration = LeasedRegistration(
+            store,
+            config.lease_ttl_s,
+            self._register,
+            holder="node",
+            on_lost=self._lease_lost,
+        )
         self._closing = False
         self._log = log.bind(node_id=self.node_name)
 
@@ -190,9 +201,8 @@ class Launcher:
             StoreError: etcd refused the registration (the process should exit).
         """
         await self._claim_name()
-        await self._register()
         with structlog.contextvars.bound_contextvars(node_id=self.node_name):
-            self._keepalive = asyncio.create_task(self._keep_alive_loop())
+            await self._registration.start()
             self._loops = [
                 asyncio.create_task(self._watch_loop()),
                 asyncio.create_task(self._reconcile_loop()),
@@ -230,16 +240,11 @@ class Launcher:
         pending = {t for t in self._background if not t.done()}
         if pending:
             _, pending = await asyncio.wait(pending, timeout=2 * self.config.etcd.timeout_s)
-        for task in [*pending, *([self._keepalive] if self._keepalive else [])]:
+        for task in pending:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._lease:
-            try:
-                await self.store.revoke_lease(self._lease)
-            except StoreError as error:
-                self._log.warning("lease_revoke_failed", error=str(error))
-            self._lease = 0
+        await self._registration.close(revoke=True)
         self._log.info("node_deregistered")
 
     # -- registration --------------------------------------------------------------------------
@@ -262,38 +267,14 @@ class Launcher:
             self._log.info("node_name_held", address=held.value.address)
             await asyncio.sleep(0.5)
 
-    async def _register(self) -> None:
-        lease = await self.store.grant_lease(self.config.lease_ttl_s)
+    async def _register(self, lease: int) -> None:
         await self.store.register_node(self.node(), lease=lease)
-        self._lease = lease
-        self._lease_ok_at = time.monotonic()
-
-    async def _keep_alive_loop(self) -> None:
-        ttl = self.config.lease_ttl_s
-        while True:
-            await asyncio.sleep(ttl / 3)
-            try:
-                if self._lease == 0:
-                    await self._register()
-                    self._log.info("node_reregistered", lease=self._lease)
-                    continue
-                remaining = await self.store.keep_alive(self._lease)
-            except StoreError as error:
-                self._log.warning("lease_keepalive_failed", error=str(error))
-                if self._lease and time.monotonic() - self._lease_ok_at > ttl:
-                    self._lease_lost("no keep-alive succeeded for a whole ttl")
-                continue
-            if remaining > 0:
-                self._lease_ok_at = time.monotonic()
-            else:
-                self._lease_lost("etcd reports the lease expired")
 
     def _lease_lost(self, reason: str) -> None:
         """Self-fence: the cluster counts this node as gone, so its replicas must stop."""
         LEASE_LOSSES.inc()
         live = [r for r in self._replicas.values() if r.alive]
-        self._log.warning("lease_lost", reason=reason, stopping=len(live))
-        self._lease = 0
+        self._log.warning("node_fenced", reason=reason, stopping=len(live))
         for replica in live:
             self._stop(replica, "node lease lost")
 
@@ -347,6 +328,13 @@ class Launcher:
             except Exception:
                 self._waiting = True
                 self._log.exception("reconcile_crashed")
+            self.passes += 1
+            RECONCILE_PASSES.inc()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the last pass left a launch waiting (barrier, or the node fenced)."""
+        return self._waiting
 
     async def reconcile(self) -> None:
         """One pass: stop what is no longer allocated here, start what may start now."""
@@ -366,11 +354,12 @@ class Launcher:
                 self._adopt_if_orphan(entry)
             self._scan_orphans = False
         nodes = {entry.value.name: entry.value for entry in (await self.store.list_nodes())[0]}
-        if self.node_name not in nodes and self._lease and not self._closing:
+        lease = self._registration.lease_id
+        if self.node_name not in nodes and lease and not self._closing:
             # The key vanished though the lease lives (deleted by hand?): put it back.
-            await self.store.register_node(self.node(), lease=self._lease)
+            await self.store.register_node(self.node(), lease=lease)
             nodes[self.node_name] = self.node()
-        if self._closing or not self._lease:
+        if self._closing or not lease:
             # Fenced (lease lost) or shutting down: the cluster may already count this node
             # as gone, so nothing new starts until it is registered again.
             self._waiting = not self._closing

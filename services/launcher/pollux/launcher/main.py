@@ -1,91 +1,31 @@
 """``pollux-launcher``: run one node's launcher.
 
 Configuration comes from defaults, then ``--config FILE`` (TOML), then ``POLLUX_LAUNCHER_*``
-environment variables, then the command-line flags; every problem (including a node with
-neither GPUs nor a ``--gpus`` slot count, or an unwritable checkpoint or log root) is reported
-at once and the process exits 2 before registering anything. On SIGTERM or SIGINT the launcher
-stops its replicas gracefully (they checkpoint and exit 143), reports their exits, revokes its
-lease (the node disappears from the cluster), stops its gRPC server and exits 0.
+environment variables, then the command-line flags (pollux.service.entry); every problem
+(including a node with neither GPUs nor a ``--gpus`` slot count, or an unwritable checkpoint or
+log root) is reported at once and the process exits 2 before registering anything. On SIGTERM
+or SIGINT the launcher stops its replicas gracefully (they checkpoint and exit 143), reports
+their exits, revokes its lease (the node disappears from the cluster), stops its gRPC server
+and exits 0.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import dataclasses
-import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 import grpc
-import structlog
 
-from pollux.launcher.config import LauncherConfig, validate
+from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import GpuDetectionError, Inventory, detect
 from pollux.launcher.launcher import Launcher, NodeNameInUseError
 from pollux.launcher.servicer import SERVICE_NAME, LauncherServicer
-from pollux.service import logging as service_logging
-from pollux.service.config import ConfigError, load
-from pollux.service.server import ServiceHost, wait_for_signal
-from pollux.service.store import Store, StoreError
+from pollux.service.app import ServiceApp
+from pollux.service.config import ConfigError
+from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.store import Store
 from pollux.v1 import launcher_service_pb2_grpc as api_grpc
-
-log = structlog.get_logger(__name__)
-
-D = TypeVar("D")
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line; flags left out keep the file or environment value."""
-    parser = argparse.ArgumentParser(
-        prog="pollux-launcher",
-        description="Pollux node launcher: registers the node and runs job replicas.",
-    )
-    parser.add_argument("--config", type=Path, help="TOML configuration file")
-    parser.add_argument("--etcd", help="etcd endpoint host:port (etcd.endpoint)")
-    parser.add_argument("--node-name", help="unique node name (node_name; default hostname)")
-    parser.add_argument(
-        "--gpus", type=int, help="serve N CPU slots instead of detected GPUs (gpus)"
-    )
-    parser.add_argument("--listen", help="gRPC bind address host:port (server.listen)")
-    parser.add_argument("--advertise", help="address others dial, host:port (server.advertise)")
-    parser.add_argument(
-        "--metrics-listen", help="Prometheus endpoint host:port (server.metrics_listen)"
-    )
-    parser.add_argument("--checkpoint-root", type=Path, help="replica checkpoint root")
-    parser.add_argument("--log-root", type=Path, help="replica log root")
-    return parser.parse_args(argv)
-
-
-def load_config(args: argparse.Namespace) -> LauncherConfig:
-    """Defaults < file < environment < flags, validated as a whole.
-
-    Raises:
-        ConfigError: With every problem found.
-    """
-    config = load(LauncherConfig, args.config, "POLLUX_LAUNCHER")
-    server = _replace(
-        config.server,
-        listen=args.listen,
-        advertise=args.advertise,
-        metrics_listen=args.metrics_listen,
-    )
-    config = _replace(
-        config,
-        etcd=_replace(config.etcd, endpoint=args.etcd),
-        server=server,
-        node_name=args.node_name,
-        gpus=args.gpus,
-        checkpoint_root=args.checkpoint_root,
-        log_root=args.log_root,
-    )
-    problems = validate(config)
-    if problems:
-        raise ConfigError(problems)
-    return config
 
 
 def prepare(config: LauncherConfig) -> Inventory:
@@ -111,33 +51,8 @@ def prepare(config: LauncherConfig) -> Inventory:
     return inventory
 
 
-def advertised(config: LauncherConfig, port: int) -> str:
-    """The address other processes dial: the configured one, else the bound one.
-
-    A wildcard bind advertises the hostname, not loopback: peers on other nodes use this
-    host as MASTER_ADDR (unless the node's "host" label says otherwise).
-    """
-    if config.server.advertise:
-        return config.server.advertise
-    host = config.server.listen.rpartition(":")[0]
-    if host in ("", "0.0.0.0", "[::]", "::"):
-        host = socket.gethostname()
-    return f"{host}:{port}"
-
-
-_add: Callable[[LauncherServicer, grpc.aio.Server], None] = (
-    api_grpc.add_LauncherServiceServicer_to_server
-)
-"""The generated registration function, typed (grpc's generated code carries no types)."""
-
-
-def _replace(value: D, **changes: Any) -> D:
-    kept = {k: v for k, v in changes.items() if v is not None}
-    return dataclasses.replace(value, **kept)  # type: ignore[type-var]
-
-
-class LauncherApp:
-    """One launcher process's parts, started and stopped in the right order.
+class LauncherApp(ServiceApp):
+    """One launcher process: its gRPC server (logs, replica table) and the node's `Launcher`.
 
     Args:
         config: The validated configuration.
@@ -146,71 +61,53 @@ class LauncherApp:
     """
 
     def __init__(self, config: LauncherConfig, inventory: Inventory, store: Store) -> None:
+        super().__init__("launcher", config.server, node_id=config.node_name)
         self.config = config
-        self.host = ServiceHost(
-            "launcher", config.server.listen, config.server.metrics_listen or None
-        )
         self.launcher = Launcher(config, store, inventory, advertise="")
         self._servicer = LauncherServicer(self.launcher)
 
-    @property
-    def address(self) -> str:
-        """The advertised gRPC address (after `start`)."""
-        return self.launcher.advertise
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        """Add the LauncherService servicer."""
+        api_grpc.add_LauncherServiceServicer_to_server(self._servicer, server)
+        return [SERVICE_NAME]
 
-    async def start(self) -> None:
-        """Serve gRPC first (the registration names its port), then register and run."""
-        await self.host.start(lambda server: _add(self._servicer, server), [SERVICE_NAME])
-        self.launcher.advertise = advertised(self.config, self.host.port)
-        await self.launcher.start()
+    async def start_component(self, address: str) -> None:
+        """Register the node (its address names the gRPC port) and run its loops.
 
-    async def stop(self) -> None:
-        """Stop replicas and deregister, then stop serving (logs stay readable meanwhile)."""
+        Raises:
+            ConfigError: Another live launcher holds this node name.
+        """
+        self.launcher.advertise = address
+        try:
+            await self.launcher.start()
+        except NodeNameInUseError as error:
+            raise ConfigError([str(error)]) from error
+
+    async def stop_component(self) -> None:
+        """Stop replicas and deregister; the server stops after (logs stay readable meanwhile)."""
         await self.launcher.stop()
-        await self.host.stop(self.config.server.grace_s)
 
 
-async def serve(config: LauncherConfig, inventory: Inventory) -> int:
-    """Run the launcher until SIGTERM/SIGINT; returns the exit status."""
-    try:
-        store = await Store.connect(
-            config.etcd.endpoint, config.etcd.root, timeout_s=config.etcd.timeout_s
-        )
-    except StoreError as error:
-        log.error("launcher_etcd_unreachable", endpoint=config.etcd.endpoint, error=str(error))
-        return EXIT_FAILED
-    app = LauncherApp(config, inventory, store)
-    status = EXIT_OK
-    try:
-        await app.start()
-        log.info("launcher_ready", address=app.address, gpus=inventory.count)
-        signum = await wait_for_signal()
-        log.info("launcher_stopping", signal=signum)
-    except NodeNameInUseError as error:
-        log.error("launcher_invalid_configuration", problems=[str(error)])
-        status = EXIT_BAD_CONFIG
-    except (StoreError, OSError) as error:
-        log.error("launcher_failed", error=str(error))
-        status = EXIT_FAILED
-    finally:
-        await app.stop()
-        await store.close()
-    return status
+SPEC: ServiceSpec[LauncherConfig, Inventory] = ServiceSpec(
+    name="launcher",
+    prog="pollux-launcher",
+    description="Pollux node launcher: registers the node and runs job replicas.",
+    config=LauncherConfig,
+    env_prefix="POLLUX_LAUNCHER",
+    app=LauncherApp,
+    prepare=prepare,
+    flags=(
+        Flag("--node-name", "node_name", "unique node name (default: the hostname)"),
+        Flag("--gpus", "gpus", "serve N CPU slots instead of detected GPUs", int),
+        Flag("--checkpoint-root", "checkpoint_root", "replica checkpoint root", Path),
+        Flag("--log-root", "log_root", "replica log root", Path),
+    ),
+)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pollux-launcher``; returns the process exit status."""
-    args = parse_args(argv)
-    service_logging.configure("launcher")
-    try:
-        config = load_config(args)
-        inventory = prepare(config)
-    except ConfigError as error:
-        log.error("launcher_invalid_configuration", problems=error.problems)
-        return EXIT_BAD_CONFIG
-    service_logging.configure("launcher", config.server.log_level)
-    with structlog.contextvars.bound_contextvars(node_id=config.node_name):
-        return asyncio.run(serve(config, inventory))
+    return run_service(SPEC, argv)
 
 
 if __name__ == "__main__":

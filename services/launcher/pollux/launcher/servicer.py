@@ -15,7 +15,8 @@ import structlog
 
 from pollux.launcher.launcher import Launcher
 from pollux.launcher.replica import batches
-from pollux.service.errors import NotFound, Violations, grpc_errors, grpc_stream_errors
+from pollux.service.errors import NotFound, Violations
+from pollux.service.rpc import annotate
 from pollux.v1 import launcher_service_pb2 as lpb
 
 log = structlog.get_logger(__name__)
@@ -36,7 +37,6 @@ class LauncherServicer:
     def __init__(self, launcher: Launcher) -> None:
         self._launcher = launcher
 
-    @grpc_stream_errors
     async def StreamLogs(
         self, request: lpb.StreamLogsRequest, context: Context
     ) -> AsyncIterator[lpb.StreamLogsResponse]:
@@ -55,22 +55,20 @@ class LauncherServicer:
                 f"no replica of job {request.job_id!r} with rank {request.rank} on node "
                 f"{self._launcher.node_name!r}; ListReplicas shows the ones here"
             )
-        with structlog.contextvars.bound_contextvars(
-            job_id=request.job_id, rank=request.rank, generation=replica.generation
-        ):
-            lines, cursor = replica.log.tail(request.tail_lines)
-            sent = len(lines)
-            # The first message comes at once, even empty: it tells the client the generation.
-            for batch in batches(lines) if lines else [[]]:
-                yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
-            if request.follow:
-                async for new_lines in replica.log.follow(cursor):
-                    sent += len(new_lines)
-                    for batch in batches(new_lines):
-                        yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
-            log.info("stream_logs", lines=sent, follow=request.follow)
+        annotate(rank=request.rank, generation=replica.generation, follow=request.follow)
+        lines, cursor = replica.log.tail(request.tail_lines)
+        sent = len(lines)
+        # The first message comes at once, even empty: it tells the client the generation.
+        for batch in batches(lines) if lines else [[]]:
+            yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
+        if request.follow:
+            async for new_lines in replica.log.follow(cursor):
+                sent += len(new_lines)
+                annotate(lines=sent)
+                for batch in batches(new_lines):
+                    yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
+        annotate(lines=sent)
 
-    @grpc_errors
     async def ListReplicas(
         self, request: lpb.ListReplicasRequest, context: Context
     ) -> lpb.ListReplicasResponse:

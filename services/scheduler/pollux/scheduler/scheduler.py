@@ -24,7 +24,8 @@ from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import RoundPlan, plan_round
-from pollux.scheduler.leader import Election, LeadershipLost, Session
+from pollux.scheduler.leader import Election, LeadershipLost
+from pollux.service.session import LeaseSession
 from pollux.service.store import (
     Conflict,
     Delete,
@@ -97,7 +98,7 @@ class Scheduler:
         self._memory: object | None = None
         self._wake = asyncio.Event()
         self._on_leadership = on_leadership
-        self._session: Session | None = None
+        self._session: LeaseSession | None = None
         self._stopping = False
 
     def trigger(self) -> None:
@@ -107,7 +108,7 @@ class Scheduler:
     async def run(self) -> None:
         """Campaign, lead, and campaign again after losing leadership, until cancelled."""
         while not self._stopping:
-            session = Session(self.store, self.config.lease_ttl_s)
+            session = LeaseSession(self.store, self.config.lease_ttl_s, holder="leader")
             try:
                 await session.start()
                 self._session = session
@@ -137,7 +138,7 @@ class Scheduler:
             if self._on_leadership is not None:
                 self._on_leadership(leading)
 
-    async def _lead(self, session: Session, fence: Fence) -> None:
+    async def _lead(self, session: LeaseSession, fence: Fence) -> None:
         self._set_leading(fence)
         self._memory = None  # warm starts are per leader term, keyed by job id
         decisions = await self.store.latest_decisions(1)
@@ -167,7 +168,7 @@ class Scheduler:
         finally:
             await cancel_and_wait(watcher)
 
-    async def _wait_for_next(self, session: Session) -> None:
+    async def _wait_for_next(self, session: LeaseSession) -> None:
         interval = self.config.scheduling.interval_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), interval)

@@ -18,25 +18,17 @@ from typing import Any, TypeAlias
 
 import grpc
 import structlog
-from prometheus_client import Histogram
 
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.validation import normalised, validate_submit
-from pollux.service.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    grpc_errors,
-    grpc_stream_errors,
-)
+from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound
 from pollux.service.store import Conflict, Store, decode
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
-RPC_SECONDS = Histogram("pollux_scheduler_rpc_seconds", "Scheduler RPC latency", ["method"])
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -94,42 +86,38 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             raise NotFound(f"job {job_id!r} not found (pollux-cli ls lists jobs)")
         return entry.value, entry.mod_revision
 
-    @grpc_errors
     async def SubmitJob(
         self, request: spb.SubmitJobRequest, context: Context
     ) -> spb.SubmitJobResponse:
         """Validate completely, then create-if-absent on the request id."""
-        with RPC_SECONDS.labels("SubmitJob").time():
-            validate_submit(request.spec, request.request_id, request.HasField("spec"))
-            now = self.clock()
-            job = pb.Job(
-                id=f"j-{uuid.uuid4().hex[:10]}",
-                spec=normalised(request.spec),
-                request_id=request.request_id,
-                state=S.JOB_STATE_PENDING,
+        validate_submit(request.spec, request.request_id, request.HasField("spec"))
+        now = self.clock()
+        job = pb.Job(
+            id=f"j-{uuid.uuid4().hex[:10]}",
+            spec=normalised(request.spec),
+            request_id=request.request_id,
+            state=S.JOB_STATE_PENDING,
+        )
+        job.create_time.FromNanoseconds(int(now * 1e9))
+        entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+        entry.time.CopyFrom(job.create_time)
+        stored, created = await self.store.create_job(job)
+        if not created and stored.spec != job.spec:
+            raise FailedPrecondition(
+                f"request_id {request.request_id!r} was already used for job {stored.id} "
+                "with a different spec; use a new request_id"
             )
-            job.create_time.FromNanoseconds(int(now * 1e9))
-            entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
-            entry.time.CopyFrom(job.create_time)
-            stored, created = await self.store.create_job(job)
-            if not created and stored.spec != job.spec:
-                raise FailedPrecondition(
-                    f"request_id {request.request_id!r} was already used for job {stored.id} "
-                    "with a different spec; use a new request_id"
-                )
-            if created:
-                self.on_change()
-            log.info("job_submitted", job_id=stored.id, created=created, name=stored.spec.name)
-            await self._leader_metadata(context)
-            return spb.SubmitJobResponse(job=stored, created=created)
+        if created:
+            self.on_change()
+        log.info("job_submitted", job_id=stored.id, created=created, name=stored.spec.name)
+        await self._leader_metadata(context)
+        return spb.SubmitJobResponse(job=stored, created=created)
 
-    @grpc_errors
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
         job, _ = await self._job(request.job_id)
         return spb.GetJobResponse(job=job)
 
-    @grpc_errors
     async def ListJobs(
         self, request: spb.ListJobsRequest, context: Context
     ) -> spb.ListJobsResponse:
@@ -166,7 +154,6 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         token = _page_token(page[-1]) if len(selected) > size else ""
         return spb.ListJobsResponse(jobs=page, next_page_token=token)
 
-    @grpc_errors
     async def CancelJob(
         self, request: spb.CancelJobRequest, context: Context
     ) -> spb.CancelJobResponse:
@@ -192,7 +179,6 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             return spb.CancelJobResponse(job=job)
         raise Conflict(self.store.keys.job(request.job_id))
 
-    @grpc_errors
     async def DeleteJob(
         self, request: spb.DeleteJobRequest, context: Context
     ) -> spb.DeleteJobResponse:
@@ -207,7 +193,6 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         log.info("job_deleted", job_id=job.id)
         return spb.DeleteJobResponse()
 
-    @grpc_stream_errors
     async def WatchJobs(
         self, request: spb.WatchJobsRequest, context: Context
     ) -> AsyncIterator[spb.WatchJobsResponse]:
@@ -239,7 +224,6 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             last[event.key] = job
             yield spb.WatchJobsResponse(job=job)
 
-    @grpc_errors
     async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
         """The job, its part of the latest decision that included it, its model."""
         job, _ = await self._job(request.job_id)
@@ -264,7 +248,6 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 response.batch.CopyFrom(profile.value.last_configs[shape])
         return response
 
-    @grpc_errors
     async def ClusterStatus(
         self, request: spb.ClusterStatusRequest, context: Context
     ) -> spb.ClusterStatusResponse:

@@ -1,0 +1,195 @@
+"""The one RPC wrapper of every service: status mapping, one log line and one histogram per call.
+
+`RpcObserver` is a server interceptor that every `ServiceHost` installs, so servicers stay thin
+adapters that raise typed errors (pollux.service.errors) and never touch status codes, timers
+or log plumbing themselves. For each call of a `pollux.*` service it
+
+- binds ``rpc`` (the method) and, when the request names them, ``job_id`` / ``node_id`` in the
+  log context, so every line the handler logs carries them;
+- maps an escaping exception to a gRPC status with `errors.status_of` (the only table);
+- emits one canonical ``rpc`` line with the method, status code, duration and whatever the
+  handler added with `annotate`, at info for outcomes the caller caused (OK, bad or missing
+  input) and warning (error, with the traceback, for INTERNAL) otherwise;
+- observes ``pollux_rpc_seconds{service, method, code}``.
+
+Health checks and reflection pass through unobserved: probes every few seconds would drown the
+log, and they carry no work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+import prometheus_client
+import structlog
+
+from pollux.service.errors import abort, status_of
+
+log = structlog.get_logger(__name__)
+
+RPC_SECONDS = prometheus_client.Histogram(
+    "pollux_rpc_seconds",
+    "Server-side RPC latency (streams: their lifetime), by service, method and status code.",
+    ["service", "method", "code"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60),
+)
+
+CALLER_CODES = frozenset(
+    {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION", "CANCELLED"}
+)
+"""Outcomes the caller caused: logged at info. Anything else is the service's problem."""
+
+MAX_ID_CHARS = 64
+"""Request ids bound into the log context are cut to this length (input is not yet validated)."""
+
+_line: ContextVar[dict[str, Any] | None] = ContextVar("pollux_rpc_line", default=None)
+
+
+def annotate(**fields: Any) -> None:
+    """Add fields to the current RPC's canonical log line (no-op outside an RPC)."""
+    line = _line.get()
+    if line is not None:
+        line.update(fields)
+
+
+def _ids(request: Any) -> dict[str, str]:
+    ids = {}
+    for name in ("job_id", "node_id"):
+        value = getattr(request, name, None)
+        if isinstance(value, str) and value:
+            ids[name] = value[:MAX_ID_CHARS]
+    return ids
+
+
+class _Call:
+    """The bookkeeping of one observed call."""
+
+    def __init__(self, service: str, method: str, request: Any) -> None:
+        self.service = service
+        self.method = method
+        self.ids = _ids(request)
+        self.line: dict[str, Any] = {}
+        self.code = "OK"
+        self.started = time.perf_counter()
+
+    async def fail(self, context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
+        """Record the outcome of an exception and end the call with its status."""
+        if isinstance(error, asyncio.CancelledError):
+            self.code = "CANCELLED"
+            return
+        if isinstance(error, grpc.aio.AbortError):
+            code = context.code()
+            self.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+            return
+        if not isinstance(error, Exception):
+            self.code = "CANCELLED"
+            return
+        code, message, _ = status_of(error)
+        self.code = code.name
+        self.line["error"] = message
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("rpc_internal_error", rpc=self.method, exc_info=error, **self.ids)
+        await abort(context, error)
+
+    def finish(self) -> None:
+        """Observe the histogram and emit the canonical line."""
+        seconds = time.perf_counter() - self.started
+        RPC_SECONDS.labels(self.service, self.method, self.code).observe(seconds)
+        emit = log.info if self.code in CALLER_CODES else log.warning
+        emit(
+            "rpc",
+            service=self.service,
+            code=self.code,
+            duration_ms=round(seconds * 1000, 2),
+            **self.line,
+        )
+
+
+class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Observes every call of the `pollux.*` services of one process (see the module doc)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """The method's handler, wrapped when it belongs to a `pollux.*` service."""
+        handler = await continuation(handler_call_details)
+        full = str(handler_call_details.method)
+        service, _, method = full.lstrip("/").partition("/")
+        if handler is None or not service.startswith("pollux."):
+            return handler
+        short = service.rpartition(".")[2]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(short, method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _stream(short, method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def _unary(
+    service: str, method: str, inner: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        call = _Call(service, method, request)
+        token = _line.set(call.line)
+        try:
+            with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
+                try:
+                    return await inner(request, context)
+                except BaseException as error:
+                    await call.fail(context, error)
+                    raise
+                finally:
+                    call.finish()
+        finally:
+            _line.reset(token)
+
+    return observed
+
+
+def _stream(
+    service: str, method: str, inner: Callable[..., Any]
+) -> Callable[..., AsyncIterator[Any]]:
+    async def observed(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        call = _Call(service, method, request)
+        token = _line.set(call.line)
+        sent = 0
+        try:
+            with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
+                try:
+                    if inspect.isasyncgenfunction(inner):
+                        async for item in inner(request, context):
+                            sent += 1
+                            yield item
+                    else:  # a coroutine that writes with context.write
+                        await inner(request, context)
+                except BaseException as error:
+                    await call.fail(context, error)
+                    raise
+                finally:
+                    call.line.setdefault("messages", sent)
+                    call.finish()
+        finally:
+            # A stream's body may resume in another context than the one it started in.
+            with contextlib.suppress(ValueError):
+                _line.reset(token)
+
+    return observed
