@@ -34,6 +34,12 @@ class SyncModel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SYNC_MODEL_UNSPECIFIED: _ClassVar[SyncModel]
     SYNC_MODEL_RING: _ClassVar[SyncModel]
     SYNC_MODEL_LINEAR: _ClassVar[SyncModel]
+
+class ReplicaPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_PHASE_UNSPECIFIED: _ClassVar[ReplicaPhase]
+    REPLICA_PHASE_RUNNING: _ClassVar[ReplicaPhase]
+    REPLICA_PHASE_EXITED: _ClassVar[ReplicaPhase]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PENDING: JobState
 JOB_STATE_ALLOCATED: JobState
@@ -50,6 +56,9 @@ SCALING_RULE_NONE: ScalingRule
 SYNC_MODEL_UNSPECIFIED: SyncModel
 SYNC_MODEL_RING: SyncModel
 SYNC_MODEL_LINEAR: SyncModel
+REPLICA_PHASE_UNSPECIFIED: ReplicaPhase
+REPLICA_PHASE_RUNNING: ReplicaPhase
+REPLICA_PHASE_EXITED: ReplicaPhase
 
 class BatchLimits(_message.Message):
     __slots__ = ("initial_batch_size", "max_batch_size", "min_local_batch_size", "max_local_batch_size")
@@ -304,11 +313,11 @@ class ReplicaStatus(_message.Message):
     node: str
     rank: int
     generation: int
-    phase: str
+    phase: ReplicaPhase
     exit_code: int
     time: _timestamp_pb2.Timestamp
     pid: int
-    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed")

@@ -81,7 +81,9 @@ async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
         async def running() -> bool:
             entries, _ = await store.list_replica_statuses("j-e2e")
             return (
-                bool(entries) and entries[0].value.phase == "running" and entries[0].value.pid > 0
+                bool(entries)
+                and entries[0].value.phase == pb.REPLICA_PHASE_RUNNING
+                and entries[0].value.pid > 0
             )
 
         await eventually(running, 15, "the replica to run")
@@ -90,7 +92,10 @@ async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
         assert process.returncode == 0, output
         assert (await store.list_nodes())[0] == []
         entries, _ = await store.list_replica_statuses("j-e2e")
-        assert (entries[0].value.phase, entries[0].value.exit_code) == ("exited", 143)
+        assert (entries[0].value.phase, entries[0].value.exit_code) == (
+            pb.REPLICA_PHASE_EXITED,
+            143,
+        )
     finally:
         if process.poll() is None:
             process.kill()

@@ -24,6 +24,7 @@ from pollux.agent.main import AgentApp
 from pollux.agent.profile import goodput_model
 from pollux.goodput import PerfParams, goodput, step_times
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.keys import Kind
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
@@ -264,8 +265,8 @@ async def test_unknown_jobs_are_not_found_and_nothing_is_stored(etcd, root, stor
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    assert await store.list_keys(store.keys.prefix("observations")) == []
-    assert await store.list_keys(store.keys.prefix("models")) == []
+    assert await store.list_keys(store.keys.prefix(Kind.OBSERVATIONS)) == []
+    assert await store.list_keys(store.keys.prefix(Kind.MODELS)) == []
 
 
 async def test_reports_for_a_deleted_job_are_not_found_and_do_not_resurrect_it(etcd, root, store):
@@ -305,7 +306,7 @@ async def test_a_replacement_agent_resumes_the_same_profile_and_model(etcd, root
         config_a = (await a.stub.GetBatchConfig(shape)).config
         profile_a = await store.get_profile("j-1")
     assert profile_a is not None
-    assert await store.list_keys(store.keys.prefix("agents")) == []  # a deregistered
+    assert await store.list_keys(store.keys.prefix(Kind.AGENTS)) == []  # a deregistered
 
     async with running_agent(etcd, root, "agent-b") as b:
         assert (await b.stub.GetModel(api.GetModelRequest(job_id="j-1"))).model == model_a
@@ -375,7 +376,7 @@ async def test_agents_register_watch_each_other_and_deregister(etcd, root, store
             owners = {a.agent.owns(f"j-{i}") for i in range(20)}
             assert owners == {True, False}
         await eventually(lambda: a.agent.live_agents == {"agent-a"})
-    assert await store.list_keys(store.keys.prefix("agents")) == []
+    assert await store.list_keys(store.keys.prefix(Kind.AGENTS)) == []
 
 
 async def test_a_lost_lease_is_replaced_and_the_agent_registers_again(etcd, root, store):

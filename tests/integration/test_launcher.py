@@ -140,7 +140,10 @@ def phases_are(store: Store, job_id: str, want: dict[int, tuple[int, str]]) -> C
 
     async def check() -> bool:
         got = await statuses(store, job_id)
-        return {r: (s.generation, s.phase) for r, s in got.items()} == want
+        return {
+            r: (s.generation, pb.ReplicaPhase.Name(s.phase).removeprefix("REPLICA_PHASE_").lower())
+            for r, s in got.items()
+        } == want
 
     return check
 
@@ -251,7 +254,9 @@ async def test_new_generation_waits_for_old_replicas_on_other_nodes(
         (out / job_id).mkdir()
         await submit(store, job_id, script, out / job_id)
         await store.put_replica_status(
-            pb.ReplicaStatus(job_id=job_id, node="n2", rank=1, generation=1, phase="running")
+            pb.ReplicaStatus(
+                job_id=job_id, node="n2", rank=1, generation=1, phase=pb.REPLICA_PHASE_RUNNING
+            )
         )
         await allocate(store, job_id, "n1", generation=2)
 
@@ -264,12 +269,17 @@ async def test_new_generation_waits_for_old_replicas_on_other_nodes(
 
     await store.put_replica_status(
         pb.ReplicaStatus(
-            job_id="j-wait", node="n2", rank=1, generation=1, phase="exited", exit_code=143
+            job_id="j-wait",
+            node="n2",
+            rank=1,
+            generation=1,
+            phase=pb.REPLICA_PHASE_EXITED,
+            exit_code=143,
         )
     )
     await eventually(phases_are(store, "j-wait", {0: (2, "running"), 1: (1, "exited")}))
     await eventually(lambda: record(out / "j-wait", "env-2-0"))
-    assert (await statuses(store, "j-gone"))[1].phase == "running"
+    assert (await statuses(store, "j-gone"))[1].phase == pb.REPLICA_PHASE_RUNNING
     assert not record(out / "j-gone", "env-2-0")
 
     await store.revoke_lease(lease)  # n2 is gone: its replicas count as gone with it
@@ -282,7 +292,9 @@ async def test_orphan_of_a_previous_launcher_is_closed_then_the_job_moves_on(
 ) -> None:
     await submit(store, "j-orphan", script, out)
     await store.put_replica_status(
-        pb.ReplicaStatus(job_id="j-orphan", node="n1", rank=0, generation=1, phase="running")
+        pb.ReplicaStatus(
+            job_id="j-orphan", node="n1", rank=0, generation=1, phase=pb.REPLICA_PHASE_RUNNING
+        )
     )
     await allocate(store, "j-orphan", "n1", generation=2)
     await eventually(phases_are(store, "j-orphan", {0: (2, "running")}))
@@ -332,7 +344,7 @@ async def test_stream_logs_tail_and_follow(
 
     listed = await stub.ListReplicas(lpb.ListReplicasRequest(job_id="j-logs"))
     assert [(r.job_id, r.rank, r.generation, r.phase, r.exit_code) for r in listed.replicas] == [
-        ("j-logs", 0, 3, "exited", 0)
+        ("j-logs", 0, 3, pb.REPLICA_PHASE_EXITED, 0)
     ]
 
 
@@ -367,7 +379,7 @@ async def test_registration_lives_until_shutdown_which_stops_replicas(
         await app.stop()
     assert (await store.list_nodes())[0] == []
     got = await statuses(store, "j-stop")
-    assert (got[0].phase, got[0].exit_code) == ("exited", 143)
+    assert (got[0].phase, got[0].exit_code) == (pb.REPLICA_PHASE_EXITED, 143)
 
 
 async def test_lost_lease_stops_replicas_and_registers_again(

@@ -197,11 +197,15 @@ async def test_replica_reports_drive_running_and_success(replica: Replica, store
     await eventually(lambda: state_is(pb.JOB_STATE_ALLOCATED))
     got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
     status = pb.ReplicaStatus(
-        job_id=job.id, node="n1", rank=0, generation=got.allocation.generation, phase="running"
+        job_id=job.id,
+        node="n1",
+        rank=0,
+        generation=got.allocation.generation,
+        phase=pb.REPLICA_PHASE_RUNNING,
     )
     await store.put_replica_status(status)
     await eventually(lambda: state_is(pb.JOB_STATE_RUNNING))
-    status.phase, status.exit_code = "exited", 0
+    status.phase, status.exit_code = pb.REPLICA_PHASE_EXITED, 0
     await store.put_replica_status(status)
     await eventually(lambda: state_is(pb.JOB_STATE_SUCCEEDED))
     done = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
@@ -227,14 +231,24 @@ async def test_failed_replica_restarts_then_fails_the_job(replica: Replica, stor
     await eventually(lambda: has_generation(1))
     await store.put_replica_status(
         pb.ReplicaStatus(
-            job_id=job.id, node="n1", rank=0, generation=1, phase="exited", exit_code=1
+            job_id=job.id,
+            node="n1",
+            rank=0,
+            generation=1,
+            phase=pb.REPLICA_PHASE_EXITED,
+            exit_code=1,
         )
     )
     await eventually(lambda: has_generation(2))
     assert (await current()).failures == 1
     await store.put_replica_status(
         pb.ReplicaStatus(
-            job_id=job.id, node="n1", rank=0, generation=2, phase="exited", exit_code=1
+            job_id=job.id,
+            node="n1",
+            rank=0,
+            generation=2,
+            phase=pb.REPLICA_PHASE_EXITED,
+            exit_code=1,
         )
     )
 

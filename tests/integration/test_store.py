@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from pollux.service.keys import Kind
 from pollux.service.store import Conflict, Delete, Expect, Fence, FenceLost, Put, Store
 from pollux.v1 import types_pb2 as pb
 
@@ -84,7 +85,7 @@ async def test_watch_sees_changes_in_order_from_a_revision(store: Store) -> None
     seen: list[tuple[bytes, bool]] = []
 
     async def consume() -> None:
-        async for event in store.watch(store.keys.prefix("jobs"), start_revision=revision + 1):
+        async for event in store.watch(store.keys.prefix(Kind.JOBS), start_revision=revision + 1):
             seen.append((event.key, event.value is None))
             if len(seen) == 2:
                 return
@@ -123,7 +124,7 @@ async def test_watch_delivers_every_key_of_one_transaction(store: Store) -> None
     seen: list[bytes] = []
 
     async def consume() -> None:
-        async for event in store.watch(store.keys.prefix("jobs"), start_revision=revision + 1):
+        async for event in store.watch(store.keys.prefix(Kind.JOBS), start_revision=revision + 1):
             seen.append(event.key)
             if len(seen) == 3:
                 return

@@ -121,3 +121,32 @@ def test_every_import_name_resolves_to_its_one_folder(package):
     folder = next(f for f, pkg in DISTRIBUTIONS.items() if pkg == package)
     expected = ROOT / folder / "pollux" / package.split(".")[1] / "__init__.py"
     assert Path(module.__file__ or "") == expected
+
+
+KEY_CALLS = {"prefix", "name_of", "_key"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in SERVICES.rglob("*.py") if p.name != "keys.py"),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_key_kinds_are_spelled_only_in_the_keys_module(path):
+    spelled = [
+        f"line {node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in KEY_CALLS
+        and any(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args)
+    ]
+    assert not spelled, f"{path.relative_to(ROOT)} spells a key kind ({spelled}): use keys.Kind"
+
+
+def test_replica_phase_is_typed_on_the_wire():
+    from pollux.v1 import types_pb2 as pb
+
+    field = pb.ReplicaStatus.DESCRIPTOR.fields_by_name["phase"]
+    assert field.enum_type is not None
+    assert field.enum_type.name == "ReplicaPhase"
+    assert 5 not in {f.number for f in pb.ReplicaStatus.DESCRIPTOR.fields}  # the old string

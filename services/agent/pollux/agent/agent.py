@@ -33,6 +33,7 @@ from pollux.agent.profile import (
 from pollux.goodput import GoodputError
 from pollux.service import ownership
 from pollux.service.errors import FailedPrecondition, NotFound, Unavailable
+from pollux.service.keys import Kind
 from pollux.service.session import LeasedRegistration
 from pollux.service.store import Conflict, Entry, Store, StoreError, cancel_and_wait
 from pollux.v1 import agent_service_pb2 as api
@@ -145,12 +146,12 @@ class Agent:
         await self._store.register_agent(member, lease=lease)
 
     async def _watch_members(self, revision: int) -> None:
-        prefix = self._store.keys.prefix("agents")
+        prefix = self._store.keys.prefix(Kind.AGENTS)
         live = set(self._live)
         while True:
             try:
                 async for event in self._store.watch(prefix, start_revision=revision + 1):
-                    agent_id = self._store.keys.name_of(event.key, "agents")
+                    agent_id = self._store.keys.name_of(event.key, Kind.AGENTS)
                     if event.value is None:
                         live.discard(agent_id)
                     else:

@@ -1,15 +1,42 @@
-"""The etcd key layout (design.md §3): the only place that spells a key.
+"""The etcd key layout (docs/architecture.md §3): the only place that spells a key.
 
 Every key lives under a root prefix (default ``/pollux/v1``; tests use a unique root each, so
-one etcd serves many tests). Ids are validated before they reach a key, so a key can never
-escape its prefix.
+one etcd serves many tests). The kinds of key are the `Kind` enum, so a prefix or an id is
+asked for by kind (``keys.prefix(Kind.JOBS)``), never by a string spelled elsewhere. Ids are
+validated before they reach a key, so a key can never escape its prefix.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 DEFAULT_ROOT = "/pollux/v1"
+
+
+class Kind(StrEnum):
+    """The kinds of key under a root, each the first path segment after it."""
+
+    LEADER = "leader"
+    """Scheduler election keys, leased by each replica's session."""
+    JOBS = "jobs"
+    """Job records: spec, status, transition history."""
+    REQUESTS = "requests"
+    """SubmitJob idempotency index: request id → job id."""
+    NODES = "nodes"
+    """Node registrations, leased by their launchers."""
+    AGENTS = "agents"
+    """Agent registrations, leased by the agents."""
+    MODELS = "models"
+    """Each job's latest fitted model, written by its agent."""
+    OBSERVATIONS = "observations"
+    """Each job's observation profile, so a new agent resumes the fit."""
+    ALLOCATIONS = "allocations"
+    """Each job's allocation: what launchers watch."""
+    REPLICAS = "replicas"
+    """Replica statuses, by job and rank, written by launchers."""
+    DECISIONS = "decisions"
+    """Decision records of scheduling rounds (bounded history)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,56 +52,56 @@ class Keys:
     def _key(self, *parts: str) -> bytes:
         return "/".join((self.root, *parts)).encode()
 
-    def prefix(self, kind: str) -> bytes:
-        """Prefix of every key of a kind, e.g. ``prefix("jobs")`` → ``/pollux/v1/jobs/``."""
+    def prefix(self, kind: Kind) -> bytes:
+        """Prefix of every key of a kind: ``prefix(Kind.JOBS)`` → ``/pollux/v1/jobs/``."""
         return self._key(kind, "")
 
     def leader(self, lease_id: int) -> bytes:
         """Election key of a scheduler session (lease id in hex, as etcd's recipe)."""
-        return self._key("leader", f"{lease_id:x}")
+        return self._key(Kind.LEADER, f"{lease_id:x}")
 
     def job(self, job_id: str) -> bytes:
         """A job record (spec, status, history)."""
-        return self._key("jobs", job_id)
+        return self._key(Kind.JOBS, job_id)
 
     def request(self, request_id: str) -> bytes:
         """Idempotency index: SubmitJob request id → job id."""
-        return self._key("requests", request_id)
+        return self._key(Kind.REQUESTS, request_id)
 
     def node(self, name: str) -> bytes:
         """A node registration (leased by its launcher)."""
-        return self._key("nodes", name)
+        return self._key(Kind.NODES, name)
 
     def agent(self, agent_id: str) -> bytes:
         """An agent registration (leased by the agent)."""
-        return self._key("agents", agent_id)
+        return self._key(Kind.AGENTS, agent_id)
 
     def model(self, job_id: str) -> bytes:
         """A job's latest fitted model."""
-        return self._key("models", job_id)
+        return self._key(Kind.MODELS, job_id)
 
     def observations(self, job_id: str) -> bytes:
         """A job's observation profile."""
-        return self._key("observations", job_id)
+        return self._key(Kind.OBSERVATIONS, job_id)
 
     def allocation(self, job_id: str) -> bytes:
         """A job's allocation (what launchers watch)."""
-        return self._key("allocations", job_id)
+        return self._key(Kind.ALLOCATIONS, job_id)
 
     def replica(self, job_id: str, rank: int) -> bytes:
         """A replica's status, written by the launcher running it."""
-        return self._key("replicas", job_id, f"{rank:05d}")
+        return self._key(Kind.REPLICAS, job_id, f"{rank:05d}")
 
     def replicas_of(self, job_id: str) -> bytes:
         """Prefix of a job's replica statuses."""
-        return self._key("replicas", job_id, "")
+        return self._key(Kind.REPLICAS, job_id, "")
 
     def decision(self, round_number: int) -> bytes:
         """A round's decision record (zero-padded so keys sort by round)."""
-        return self._key("decisions", f"{round_number:020d}")
+        return self._key(Kind.DECISIONS, f"{round_number:020d}")
 
-    def name_of(self, key: bytes, kind: str) -> str:
-        """The id part of a key of a kind: ``name_of(job("j-1"), "jobs")`` → ``"j-1"``."""
+    def name_of(self, key: bytes, kind: Kind) -> str:
+        """The id part of a key of a kind: ``name_of(job("j-1"), Kind.JOBS)`` → ``"j-1"``."""
         head = self.prefix(kind)
         if not key.startswith(head):
             raise ValueError(f"{key!r} is not a {kind} key under {self.root}")

@@ -21,7 +21,7 @@ import structlog
 from aetcd import rpc
 from google.protobuf.message import DecodeError, Message
 
-from pollux.service.keys import DEFAULT_ROOT, Keys
+from pollux.service.keys import DEFAULT_ROOT, Keys, Kind
 from pollux.v1 import types_pb2 as pb
 
 M = TypeVar("M", bound=Message)
@@ -419,10 +419,10 @@ class Store:
         """Jobs, nodes, agents, models, allocations and replica statuses at one revision."""
         jobs, revision = await self.list_jobs()
         k = self.keys
-        nodes, _ = await self.scan(k.prefix("nodes"), pb.Node, revision=revision)
-        agents, _ = await self.scan(k.prefix("agents"), pb.Member, revision=revision)
-        models, _ = await self.scan(k.prefix("models"), pb.JobModel, revision=revision)
-        replicas, _ = await self.scan(k.prefix("replicas"), pb.ReplicaStatus, revision=revision)
+        nodes, _ = await self.scan(k.prefix(Kind.NODES), pb.Node, revision=revision)
+        agents, _ = await self.scan(k.prefix(Kind.AGENTS), pb.Member, revision=revision)
+        models, _ = await self.scan(k.prefix(Kind.MODELS), pb.JobModel, revision=revision)
+        replicas, _ = await self.scan(k.prefix(Kind.REPLICAS), pb.ReplicaStatus, revision=revision)
         return Snapshot(
             revision=revision,
             jobs={e.value.id: e for e in jobs},
@@ -440,7 +440,7 @@ class Store:
 
     async def list_jobs(self) -> tuple[list[Entry[pb.Job]], int]:
         """Every job record (key order = id order) and the revision read."""
-        return await self.scan(self.keys.prefix("jobs"), pb.Job)
+        return await self.scan(self.keys.prefix(Kind.JOBS), pb.Job)
 
     async def create_job(self, job: pb.Job) -> tuple[pb.Job, bool]:
         """Store a new job unless its request id was seen; returns (stored job, created).
@@ -492,7 +492,7 @@ class Store:
 
     async def list_nodes(self) -> tuple[list[Entry[pb.Node]], int]:
         """Registered nodes."""
-        return await self.scan(self.keys.prefix("nodes"), pb.Node)
+        return await self.scan(self.keys.prefix(Kind.NODES), pb.Node)
 
     async def register_node(self, node: pb.Node, *, lease: int) -> int:
         """(Re-)register a node under its launcher's lease."""
@@ -500,7 +500,7 @@ class Store:
 
     async def list_agents(self) -> tuple[list[Entry[pb.Member]], int]:
         """Registered agents."""
-        return await self.scan(self.keys.prefix("agents"), pb.Member)
+        return await self.scan(self.keys.prefix(Kind.AGENTS), pb.Member)
 
     async def register_agent(self, agent: pb.Member, *, lease: int) -> int:
         """(Re-)register an agent under its lease."""
@@ -512,7 +512,7 @@ class Store:
 
     async def list_models(self) -> tuple[list[Entry[pb.JobModel]], int]:
         """Every job model."""
-        return await self.scan(self.keys.prefix("models"), pb.JobModel)
+        return await self.scan(self.keys.prefix(Kind.MODELS), pb.JobModel)
 
     async def get_profile(self, job_id: str) -> Entry[pb.ObservationProfile] | None:
         """A job's observation profile."""
@@ -556,12 +556,12 @@ class Store:
 
     async def list_allocations(self) -> tuple[dict[str, Entry[pb.Allocation]], int]:
         """Every allocation by job id, and the revision read."""
-        prefix = self.keys.prefix("allocations")
+        prefix = self.keys.prefix(Kind.ALLOCATIONS)
         response = await self._call(
             "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix))
         )
         allocations = {
-            self.keys.name_of(bytes(kv.key), "allocations"): self._entry(kv, pb.Allocation)
+            self.keys.name_of(bytes(kv.key), Kind.ALLOCATIONS): self._entry(kv, pb.Allocation)
             for kv in response.kvs
         }
         return allocations, int(response.header.revision)
@@ -574,7 +574,7 @@ class Store:
         self, job_id: str | None = None
     ) -> tuple[list[Entry[pb.ReplicaStatus]], int]:
         """Replica statuses of one job, or of every job."""
-        prefix = self.keys.replicas_of(job_id) if job_id else self.keys.prefix("replicas")
+        prefix = self.keys.replicas_of(job_id) if job_id else self.keys.prefix(Kind.REPLICAS)
         return await self.scan(prefix, pb.ReplicaStatus)
 
     async def get_decision(self, round_number: int) -> Entry[pb.Decision] | None:
@@ -583,7 +583,7 @@ class Store:
 
     async def latest_decisions(self, limit: int) -> list[pb.Decision]:
         """The most recent decisions, newest first."""
-        prefix = self.keys.prefix("decisions")
+        prefix = self.keys.prefix(Kind.DECISIONS)
         response = await self._call(
             "Range",
             rpc.RangeRequest(

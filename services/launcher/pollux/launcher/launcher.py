@@ -13,9 +13,9 @@ heals whatever an event could not (a barrier that cleared, a status write that f
 Generation barrier (checkpoint safety: a job never runs two generations at once). When a
 job's generation changes or its allocation is deleted, this node's replicas of the old
 generation are stopped (SIGTERM, grace, SIGKILL). The new generation's replicas start only when
-every replica status of an older generation of the job — on any node — is "exited", or names
+every replica status of an older generation of the job — on any node — is EXITED, or names
 a node that is no longer registered. Starting is then made safe against races by writing the
-new replicas' "running" statuses *before* spawning them, in one etcd transaction that requires
+new replicas' RUNNING statuses *before* spawning them, in one etcd transaction that requires
 the allocation to be unchanged since it was read and the status keys to be unchanged since the
 barrier read them: a launcher that saw a stale allocation, or that raced another node's
 write, spawns nothing.
@@ -24,7 +24,7 @@ Statuses are unleased (the scheduler reads exit codes after a node is gone). A r
 written conditionally on its own last status write, so a late report from a partitioned node
 never overwrites the status of a newer generation's replica of the same rank.
 
-Orphans. A status "running" that names this node but no replica this process started belongs
+Orphans. A RUNNING status that names this node but no replica this process started belongs
 to a previous launcher process that died without stopping it. Its process (if it still exists
 and carries the job's environment) is stopped, and the status is closed as a planned stop
 (143): the launcher never restarts replicas itself; the scheduler re-allocates.
@@ -59,6 +59,7 @@ from pollux.launcher.placement import (
     replica_env,
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.service.keys import Kind
 from pollux.service.ownership import ranked
 from pollux.service.session import LeasedRegistration
 from pollux.service.store import (
@@ -281,7 +282,7 @@ class Launcher:
     # -- allocation watch ----------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        prefix = self.store.keys.prefix("allocations")
+        prefix = self.store.keys.prefix(Kind.ALLOCATIONS)
         while True:
             try:
                 current, revision = await self.store.list_allocations()
@@ -301,7 +302,7 @@ class Launcher:
                 await asyncio.sleep(1.0)
 
     def _apply(self, event: WatchEvent) -> None:
-        job_id = self.store.keys.name_of(event.key, "allocations")
+        job_id = self.store.keys.name_of(event.key, Kind.ALLOCATIONS)
         if event.value is None:
             self._allocations.pop(job_id, None)
             return
@@ -426,7 +427,11 @@ class Launcher:
         blockers = []
         for entry in entries:
             status = entry.value
-            if status.generation < generation and status.phase != "exited" and status.node in nodes:
+            if (
+                status.generation < generation
+                and status.phase != pb.REPLICA_PHASE_EXITED
+                and status.node in nodes
+            ):
                 blockers.append(f"{status.node}/{status.rank}@{status.generation}")
                 self._adopt_if_orphan(entry)
         if blockers:
@@ -633,7 +638,7 @@ class Launcher:
         key = (status.job_id, status.generation, status.rank)
         if (
             status.node != self.node_name
-            or status.phase == "exited"
+            or status.phase == pb.REPLICA_PHASE_EXITED
             or key in self._replicas
             or key in self._orphans
         ):
@@ -655,7 +660,7 @@ class Launcher:
         code = PLANNED_STOP
         if status.pid and _is_replica(status.pid, status.job_id, status.generation):
             code = await _stop_foreign(status.pid, self.config.default_stop_grace_s)
-        status.phase = "exited"
+        status.phase = pb.REPLICA_PHASE_EXITED
         status.exit_code = code
         status.time.GetCurrentTime()
         await self._report_exit(status, expected=entry.mod_revision)

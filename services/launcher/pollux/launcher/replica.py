@@ -201,7 +201,7 @@ class Replica:
             node=self.node,
             rank=self.rank,
             generation=self.generation,
-            phase="running" if self.exit_code is None else "exited",
+            phase=pb.REPLICA_PHASE_RUNNING if self.exit_code is None else pb.REPLICA_PHASE_EXITED,
             exit_code=self.exit_code or 0,
             pid=self.pid,
         )

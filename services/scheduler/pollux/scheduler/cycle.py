@@ -182,7 +182,7 @@ def _reconcile(
         return True
     current = [statuses.get(rank) for rank in range(len(allocation.nodes))]
     mine = [s for s in current if s is not None and s.generation == allocation.generation]
-    exited = [s for s in mine if s.phase == "exited"]
+    exited = [s for s in mine if s.phase == pb.REPLICA_PHASE_EXITED]
     failed = [s for s in exited if s.exit_code not in (0, PLANNED_STOP)]
     if failed:
         first = min(failed, key=lambda s: s.rank)
@@ -217,7 +217,7 @@ def _reconcile(
             plan,
         )
         return True
-    running = [s for s in mine if s.phase in ("running", "exited")]
+    running = [s for s in mine if s.phase in (pb.REPLICA_PHASE_RUNNING, pb.REPLICA_PHASE_EXITED)]
     if len(running) == len(allocation.nodes) and job.state in (
         S.JOB_STATE_ALLOCATED,
         S.JOB_STATE_RESCALING,

@@ -15,6 +15,7 @@ import contextlib
 
 import structlog
 
+from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import Expect, Fence, Put, Store, StoreError, cancel_and_wait
 from pollux.v1 import types_pb2 as pb
@@ -51,7 +52,7 @@ class Election:
         while True:
             if self.session.lost.is_set():
                 raise LeadershipLost()
-            entries, revision = await store.scan(store.keys.prefix("leader"), pb.Member)
+            entries, revision = await store.scan(store.keys.prefix(Kind.LEADER), pb.Member)
             mine = next((e for e in entries if e.lease == self.session.lease_id), None)
             if mine is None:
                 raise LeadershipLost()
@@ -64,7 +65,7 @@ class Election:
     async def _wait_deleted(self, member_id: str, create_revision: int, revision: int) -> None:
         """Wait until the key with `create_revision` is gone (or the session is lost)."""
         store = self.store
-        prefix = store.keys.prefix("leader")
+        prefix = store.keys.prefix(Kind.LEADER)
 
         async def gone() -> None:
             async for event in store.watch(prefix, start_revision=revision + 1):
@@ -83,7 +84,7 @@ class Election:
 
 async def current_leader(store: Store) -> pb.Member | None:
     """The leading replica's member record, or None when nobody campaigns."""
-    entries, _ = await store.scan(store.keys.prefix("leader"), pb.Member)
+    entries, _ = await store.scan(store.keys.prefix(Kind.LEADER), pb.Member)
     if not entries:
         return None
     return min(entries, key=lambda e: e.create_revision).value

@@ -25,6 +25,7 @@ from pollux.policy.types import Policy
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
+from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import (
     Conflict,
@@ -179,11 +180,11 @@ class Scheduler:
         """Trigger a round when jobs, nodes or replica statuses change."""
         _, revision = await self.store.list_jobs()
         keys = self.store.keys
-        prefixes = [keys.prefix(k) for k in ("jobs", "nodes", "replicas", "models")]
+        prefixes = [keys.prefix(k) for k in (Kind.JOBS, Kind.NODES, Kind.REPLICAS, Kind.MODELS)]
 
         async def follow(prefix: bytes) -> None:
             async for event in self.store.watch(prefix, start_revision=revision + 1):
-                if prefix == keys.prefix("models") and event.value is not None:
+                if prefix == keys.prefix(Kind.MODELS) and event.value is not None:
                     continue  # model refreshes wait for the periodic round
                 self._wake.set()
 

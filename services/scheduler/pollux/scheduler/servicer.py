@@ -23,6 +23,7 @@ from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound
+from pollux.service.keys import Kind
 from pollux.service.store import Conflict, Store, decode
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -209,7 +210,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         prefix = (
             self.store.keys.job(request.job_id)
             if request.job_id
-            else self.store.keys.prefix("jobs")
+            else self.store.keys.prefix(Kind.JOBS)
         )
         async for event in self.store.watch(prefix, start_revision=revision + 1):
             if request.job_id and event.key != self.store.keys.job(request.job_id):
