@@ -1,6 +1,6 @@
 """Generate the committed Python code of `protos/pollux/v1/*.proto` into `pollux/v1/`.
 
-The one way stubs are made (style.md R5): `grpc_tools.protoc` from the grpcio-tools pinned in
+The one way stubs are made: `grpc_tools.protoc` from the grpcio-tools pinned in
 the dev extra, run from the repository root. The proto package `pollux.v1` equals the import
 path, so the output needs no rewriting. `tests/unit/test_protos.py` regenerates into a
 temporary directory and byte-compares, so a proto edit without regeneration fails the suite.

@@ -3,7 +3,8 @@
 A reimplementation is only credible if it reproduces the paper, so `pollux-sim compare` turns run
 directories (written by `pollux-sim run`) into the figures the paper reports: average and p99 job
 completion time (JCT), makespan, restarts per job and GPU utilisation, side by side with the
-published simulator results (pollux-reference.md §5.8) and as the JCT-vs-load plot of Fig. 8a.
+published simulator results (data/pollux-osdi21/paper-results) and as the JCT-vs-load
+plot of Fig. 8a.
 
 File reading is confined to the `load_*` functions, which validate everything they read and raise
 `ReportError` naming the file. The metrics, the table and the plot are functions of the loaded

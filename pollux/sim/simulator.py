@@ -1,4 +1,4 @@
-"""Trace-driven cluster simulator (published semantics: pollux-reference.md §5).
+"""Trace-driven cluster simulator (the semantics of the published Pollux simulator).
 
 Jobs advance through the measured traces of their application: step times come from the
 placement traces, gradient statistics and progress from the validation runs. Every `interval`

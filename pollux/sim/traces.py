@@ -1,4 +1,4 @@
-"""Readers for the published Pollux traces (formats in pollux-reference.md §7).
+"""Readers for the published Pollux traces (files listed in data/pollux-osdi21/README.md).
 
 Plain csv parsing into frozen dataclasses of numpy arrays. A malformed file raises
 `TraceFormatError` naming the file, line and column, so a bad trace fails loudly instead of

@@ -1,4 +1,4 @@
-"""Workload files: which jobs arrive when (format in pollux-reference.md §7.4)."""
+"""Workload files: which jobs arrive when (format in data/pollux-osdi21/README.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The published test vectors of pollux-reference.md §1.6, reproduced to 1e-4 relative."""
+"""The published goodput-model test vectors (Pollux artifact), reproduced to 1e-4 relative."""
 
 import numpy as np
 import pytest

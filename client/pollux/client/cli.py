@@ -1,6 +1,6 @@
 """`pollux-cli`: submit, inspect and manage Pollux jobs from a shell.
 
-A thin layer (style.md R14): parse arguments, call `pollux.client.Client`, format the result
+A thin layer: parse arguments, call `pollux.client.Client`, format the result
 with `pollux.client.format`. Exit codes: 0 success, 1 an error reported by the client or server
 (``error: <message>`` on stderr, one indented line per offending field), 2 a usage error,
 130 interrupted with Ctrl-C.

@@ -5,7 +5,7 @@ Why synchronous: its users are the CLI, scripts and notebooks, none of which run
 Failure handling happens at two levels, both only for RPCs the API documents as safe to retry
 (all of SchedulerService's unary RPCs; SubmitJob because it carries a `request_id`):
 
-1. Each channel carries a gRPC service config with a retry policy on UNAVAILABLE (style.md R7),
+1. Each channel carries a gRPC service config with a retry policy on UNAVAILABLE,
    so a transient failure of one server is retried by gRPC itself with backoff.
 2. If a server stays UNAVAILABLE (down, lost leadership, etcd unreachable), the client moves on
    to the next target, or first to the leader the error named, and keeps using whichever

@@ -1,6 +1,6 @@
 """Typed exceptions of the Pollux client, mapped from gRPC status codes by one table.
 
-Servers report every failure as a gRPC status (style.md R6); users of the client should not have
+Servers report every failure as a gRPC status; users of the client should not have
 to know that. `from_rpc_error` turns a `grpc.RpcError` into the `PolluxError` subclass of its
 code (the `_BY_CODE` table, after aetcd's `_EXCEPTIONS_BY_CODE`) and decodes the rich status
 details the server attached: `google.rpc.BadRequest` field violations become

@@ -1,7 +1,7 @@
 """Public types of the Pollux client: frozen dataclasses over the private ``pollux.v1`` protos.
 
 Callers build a `JobSpec` and get back `Job`, `Explanation` and `ClusterStatus` values; they
-never see protobuf messages (Temporal's layering, style.md R14). Enumerations are plain strings
+never see protobuf messages (Temporal's layering). Enumerations are plain strings
 ("PENDING", "adascale") so that values print, compare and serialise without ceremony. Times are
 timezone-aware UTC `datetime` objects, or None where the server did not set them.
 
@@ -41,7 +41,7 @@ JOB_STATES: tuple[str, ...] = (
     "FAILED",
     "CANCELLED",
 )
-"""Every job state, in lifecycle order (design.md §5)."""
+"""Every job state, in lifecycle order (docs/architecture.md §8)."""
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 """States a job never leaves."""

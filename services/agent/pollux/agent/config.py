@@ -1,4 +1,4 @@
-"""The agent's configuration: one frozen dataclass tree (style.md R11).
+"""The agent's configuration: one frozen dataclass tree.
 
 Loaded with `pollux.service.config.load(AgentConfig, path, "POLLUX_AGENT")`, so
 ``POLLUX_AGENT_ETCD__ENDPOINT=10.0.0.5:2379`` or ``POLLUX_AGENT_HYSTERESIS=0.1`` override the

@@ -3,7 +3,7 @@
 Pure functions (no I/O, no clock): the agent reads a profile from etcd, calls these, and writes
 the result back with a compare-and-swap, so the same functions give the same profile whichever
 agent applies a report. This is also the one place that converts between `pollux.v1` messages
-and `pollux.goodput` dataclasses; the core never sees a protobuf (style.md R1).
+and `pollux.goodput` dataclasses; the core never sees a protobuf.
 """
 
 from __future__ import annotations

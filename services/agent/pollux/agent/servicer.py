@@ -1,4 +1,4 @@
-"""The AgentService gRPC servicer: a thin adapter over `Agent` (style.md R6).
+"""The AgentService gRPC servicer: a thin adapter over `Agent`.
 
 Each handler decodes and validates the whole request before anything touches etcd (a bad
 request changes nothing and gets INVALID_ARGUMENT naming every bad field), calls the agent,

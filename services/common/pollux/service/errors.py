@@ -1,4 +1,4 @@
-"""Typed service errors and their one mapping to gRPC status codes (style.md R6).
+"""Typed service errors and their one mapping to gRPC status codes.
 
 Handlers validate the whole request first, collecting every problem in `Violations`, and raise
 `InvalidArgument` before touching etcd, so a bad request changes nothing. `status_of` is the one

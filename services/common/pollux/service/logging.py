@@ -1,4 +1,4 @@
-"""structlog set-up, once per process (style.md R12).
+"""structlog set-up, once per process.
 
 JSON lines when stderr is not a terminal (what log collectors want), a readable console format
 when it is. Context (job_id, node_id, round, role) is bound at the edges with

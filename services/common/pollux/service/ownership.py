@@ -2,7 +2,7 @@
 
 Every process that knows the live agent set (agents, launchers) computes the same owner for a
 job without talking to anyone, and when an agent leaves only the jobs it owned move; when one
-joins, it takes over only the jobs it now wins (design.md §1 item 3). Weights come from
+joins, it takes over only the jobs it now wins (docs/architecture.md §1 item 3). Weights come from
 BLAKE2b, never Python's `hash()`, which is salted per process.
 
 The launcher imports this module to order POLLUX_AGENT_ADDR (owner first, the rest as

@@ -1,10 +1,10 @@
 """Typed access to the cluster state in etcd: the only module that imports `aetcd`.
 
 Values are serialized `pollux.v1` messages. Reads return the etcd revisions they reflect;
-conditional writes compare mod revisions (optimistic concurrency, style.md R9), and a write made
+conditional writes compare mod revisions (optimistic concurrency), and a write made
 on behalf of the scheduler leader carries a `Fence`: the transaction also compares the
 create revision of the leader's election key, so a deposed leader's write fails inside etcd,
-atomically, whatever the process believes (design.md §3, etcd's `Mutex.IsOwner`).
+atomically, whatever the process believes (docs/architecture.md §3, etcd's `Mutex.IsOwner`).
 """
 
 from __future__ import annotations
@@ -510,10 +510,6 @@ class Store:
         """A job's latest model."""
         return await self.get(self.keys.model(job_id), pb.JobModel)
 
-    async def list_models(self) -> tuple[list[Entry[pb.JobModel]], int]:
-        """Every job model."""
-        return await self.scan(self.keys.prefix(Kind.MODELS), pb.JobModel)
-
     async def get_profile(self, job_id: str) -> Entry[pb.ObservationProfile] | None:
         """A job's observation profile."""
         return await self.get(self.keys.observations(job_id), pb.ObservationProfile)
@@ -576,10 +572,6 @@ class Store:
         """Replica statuses of one job, or of every job."""
         prefix = self.keys.replicas_of(job_id) if job_id else self.keys.prefix(Kind.REPLICAS)
         return await self.scan(prefix, pb.ReplicaStatus)
-
-    async def get_decision(self, round_number: int) -> Entry[pb.Decision] | None:
-        """A round's decision record."""
-        return await self.get(self.keys.decision(round_number), pb.Decision)
 
     async def latest_decisions(self, limit: int) -> list[pb.Decision]:
         """The most recent decisions, newest first."""

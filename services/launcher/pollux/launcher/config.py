@@ -1,4 +1,4 @@
-"""NodeLauncher configuration (style.md R11): a frozen tree, loaded by `pollux.service.config`.
+"""NodeLauncher configuration: a frozen tree, loaded by `pollux.service.config`.
 
 TOML sections ``[etcd]`` and ``[server]`` plus the top-level settings below; environment
 overrides use the prefix ``POLLUX_LAUNCHER`` (``POLLUX_LAUNCHER_GPUS=2``,

@@ -1,7 +1,7 @@
 """Which replicas of an allocation this node runs, and the environment each one gets.
 
 Pure functions over `pollux.v1` messages, so every rule of the environment contract
-(design.md §4) is tested with scenario tables and no processes.
+(docs/architecture.md §7) is tested with scenario tables and no processes.
 
 Ranks: replica ``i`` of an allocation runs on ``nodes[i]``. A node's replicas are its ranks in
 increasing order; ``LOCAL_RANK`` is the position among them, so local ranks are dense per node
@@ -133,7 +133,7 @@ def contract_env(
     checkpoint_dir: str,
     cuda: bool,
 ) -> dict[str, str]:
-    """The environment contract of design.md §4 for one replica.
+    """The environment contract of docs/architecture.md §7 for one replica.
 
     `agent_addrs` is in preference order (the job's rendezvous owner first), so a replica
     whose agent dies retries the next one, which answers from etcd. CPU slots get an empty

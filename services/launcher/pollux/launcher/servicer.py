@@ -1,6 +1,6 @@
 """LauncherService: the gRPC face of a node's replicas (logs and the replica table).
 
-A thin adapter (style.md R6): validate the request, read the launcher's in-memory state,
+A thin adapter: validate the request, read the launcher's in-memory state,
 encode. Allocations never arrive here — they come through etcd — so nothing in this service
 mutates anything and every RPC is safe to retry.
 """

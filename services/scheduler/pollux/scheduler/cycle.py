@@ -1,4 +1,4 @@
-"""One scheduling round as a pure plan over a snapshot (design.md §1 item 4, style.md R3).
+"""One scheduling round as a pure plan over a snapshot (docs/architecture.md §1 item 4).
 
 `plan_round` takes the cluster `Snapshot` read at one etcd revision and returns every write
 the round makes; the scheduler commits them in fenced transactions. The phases:
@@ -40,14 +40,14 @@ from pollux.policy.types import (
     OracleInfo,
     Policy,
 )
-from pollux.scheduler.lifecycle import ACTIVE, S, state_name, transition
+from pollux.scheduler.lifecycle import ACTIVE, S, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
 
 MAX_RECORDED_PENDING = 1000
 """Jobs without GPUs recorded per decision beyond those holding GPUs (etcd values stay small)."""
 PLANNED_STOP = 143
-"""Exit code of a replica that checkpointed after SIGTERM (design.md §4)."""
+"""Exit code of a replica that checkpointed after SIGTERM (docs/architecture.md §7)."""
 
 
 @dataclass
@@ -363,8 +363,3 @@ def _predicted_oracle(model: GoodputModel | None, top: int) -> OracleInfo:
     step = np.concatenate(([np.inf], times))
     return OracleInfo(step_time=step, remaining_iterations=1.0)
 
-
-def describe_state(job: pb.Job) -> str:
-    """A "RUNNING on 4 GPUs" style summary for logs."""
-    gpus = len(job.allocation.nodes)
-    return f"{state_name(job.state)} on {gpus} GPU{'s' if gpus != 1 else ''}"

@@ -5,7 +5,7 @@ it is lost, shared with agent and node registration) backs the election key.
 `Election.campaign()` puts ``<root>/leader/<lease-hex>`` with the lease (create-if-absent) and
 waits until no key with a lower create revision remains: the lowest create revision leads. It
 returns a `Fence` — the key and its create revision — that every leader write carries, so etcd
-itself rejects the write of a replica that is no longer leader (style.md R8).
+itself rejects the write of a replica that is no longer leader.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The job lifecycle as an explicit transition table with history (design.md §5, style.md R10).
+"""The job lifecycle as an explicit transition table with history (docs/architecture.md §8).
 
 Every state change goes through `transition`, which refuses edges not in the table and appends
 (state, time, reason) to the job's history, so `pollux-cli describe` can say why a job is where

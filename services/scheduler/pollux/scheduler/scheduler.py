@@ -3,7 +3,7 @@
 Every replica serves reads and submits (the servicer); only the leader allocates. While
 leading, rounds run every `interval_s` and on events (jobs, nodes, models or replica statuses
 change), debounced. Each round's writes are fenced on the leader key, and losing the session
-cancels the round in flight before anything else (style.md R8).
+cancels the round in flight before anything else.
 """
 
 from __future__ import annotations

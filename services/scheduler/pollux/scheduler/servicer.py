@@ -1,4 +1,4 @@
-"""SchedulerService over gRPC: decode → validate → store → encode (style.md R6).
+"""SchedulerService over gRPC: decode → validate → store → encode.
 
 Every replica serves every RPC. Submits and cancels are plain conditional writes to etcd (no
 leadership needed: a new job is a create-if-absent on its request id, a cancel sets a flag with

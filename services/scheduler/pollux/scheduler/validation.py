@@ -1,4 +1,4 @@
-"""Complete validation of a submitted job, before anything is stored (style.md R6).
+"""Complete validation of a submitted job, before anything is stored.
 
 Every problem is reported at once, with the field path and what to do about it; the servicer
 turns the list into INVALID_ARGUMENT with a google.rpc.BadRequest detail.
