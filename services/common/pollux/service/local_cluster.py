@@ -165,80 +165,37 @@ class LocalCluster:
             client,
         )
 
-    def start_scheduler(self, name: str) -> Proc:
-        """Start (or restart) a scheduler replica."""
+    def _start_service(self, name: str, module: str, *flags: str) -> Proc:
+        """Start `python -m module` on a free loopback port with the common flags."""
         port = free_port()
-        proc = self._spawn(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "pollux.scheduler.main",
-                "--etcd",
-                self.etcd_endpoint,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--id",
-                name,
-                "--interval",
-                str(self.interval_s),
-                "--lease-ttl",
-                str(self.lease_ttl_s),
-                "--restart-delay",
-                str(self.restart_delay_s),
-            ],
-            port,
-        )
+        command = [sys.executable, "-m", module, "--etcd", self.etcd_endpoint]
+        command += ["--listen", f"127.0.0.1:{port}", *flags]
+        proc = self._spawn(name, command, port)
         self.procs[name] = proc
         return proc
+
+    def start_scheduler(self, name: str) -> Proc:
+        """Start (or restart) a scheduler replica."""
+        return self._start_service(
+            name,
+            "pollux.scheduler.main",
+            *("--id", name, "--interval", str(self.interval_s)),
+            *("--lease-ttl", str(self.lease_ttl_s), "--restart-delay", str(self.restart_delay_s)),
+        )
 
     def start_agent(self, name: str) -> Proc:
         """Start an agent."""
-        port = free_port()
-        proc = self._spawn(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "pollux.agent.main",
-                "--etcd",
-                self.etcd_endpoint,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--id",
-                name,
-            ],
-            port,
-        )
-        self.procs[name] = proc
-        return proc
+        return self._start_service(name, "pollux.agent.main", "--id", name)
 
     def start_launcher(self, name: str) -> Proc:
         """Start a launcher for node `name`."""
-        port = free_port()
-        proc = self._spawn(
+        return self._start_service(
             name,
-            [
-                sys.executable,
-                "-m",
-                "pollux.launcher.main",
-                "--etcd",
-                self.etcd_endpoint,
-                "--node-name",
-                name,
-                "--gpus",
-                str(self.gpus_per_node),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--checkpoint-root",
-                str(self.workdir / "checkpoints"),
-                "--log-root",
-                str(self.workdir / "replica-logs"),
-            ],
-            port,
+            "pollux.launcher.main",
+            *("--node-name", name, "--gpus", str(self.gpus_per_node)),
+            *("--checkpoint-root", str(self.workdir / "checkpoints")),
+            *("--log-root", str(self.workdir / "replica-logs")),
         )
-        self.procs[name] = proc
-        return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send a signal to a service process (kill -9 by default) and reap it."""
