@@ -27,7 +27,7 @@ class InvalidValueError(TrainError, ValueError):
 
 
 class EnvVarError(InvalidValueError):
-    """An environment variable of the replica contract (design.md §4) is malformed.
+    """An environment variable of the replica contract (docs/architecture.md §7) is malformed.
 
     Attributes:
         variable: Name of the environment variable.
@@ -70,7 +70,7 @@ class Preempted(SystemExit):
     """Raised after a requested stop (SIGTERM) was checkpointed: the process exits with 143.
 
     It is a `SystemExit`, so an uncaught one ends the process with exit status 143, which the
-    launcher reads as a planned restart rather than a failure (design.md §4). Code that must run
+    launcher reads as a planned restart rather than a failure (docs/architecture.md §7). Code that must run
     cleanup can catch it and re-raise.
 
     Attributes:

@@ -1,4 +1,4 @@
-"""The user-facing API: `init` and `ElasticTrainer` (reference §8, design.md §1 step 6).
+"""The user-facing API: `init` and `ElasticTrainer` (docs/architecture.md §1 step 6).
 
 Adapting an ordinary PyTorch script takes about a dozen lines::
 
@@ -38,6 +38,12 @@ end, several at the next agreement (or epoch boundary), where they all agree. Ra
 atomic checkpoint, every replica waits for it, and `Preempted` (exit code 143) is raised. The
 next incarnation, with any number of replicas and any batch size, resumes at that step.
 
+**Parts.** The trainer wires the loop together; the decisions live in small modules:
+`pollux.train.schedule` (what a step measures), `pollux.train.agreement` (what the replicas
+agree on, and its encoding), `pollux.train.preemption` (resuming, stopping and periodic
+checkpoints of the replicas together) and `pollux.train.agent_link` (the agent, imported only
+when ``POLLUX_AGENT_ADDR`` is set, so that importing the library loads no gRPC).
+
 **Performance.** Per step the library adds only bookkeeping in Python; a measured step adds a
 few passes over the gradients (and, with several replicas, the agreement all-reduce, which
 overlaps with the computation of the global gradient norm). ``benchmarks/train_overhead.py``
@@ -53,7 +59,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self
 
 import structlog
 import torch
@@ -63,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from torch.utils.data import Dataset, IterableDataset
 
+from pollux.train.agreement import Agreement
 from pollux.train.checkpoint import CheckpointManager, StopSignal, check_loadable
 from pollux.train.data import (
     AdaptiveDataLoader,
@@ -73,7 +80,7 @@ from pollux.train.data import (
     default_batch_config,
 )
 from pollux.train.env import TrainEnv
-from pollux.train.errors import CheckpointError, InvalidValueError, Preempted, UsageError
+from pollux.train.errors import InvalidValueError, UsageError
 from pollux.train.gns import GradientCollector, GradientNoiseScale, GradStats
 from pollux.train.metrics import (
     Mark,
@@ -83,16 +90,25 @@ from pollux.train.metrics import (
     StepProfile,
     StepRecorder,
 )
+from pollux.train.preemption import (
+    any_replica,
+    load_agreed_checkpoint,
+    periodic_checkpoint_due,
+    preempt,
+    save_periodic_checkpoint,
+)
 from pollux.train.scaling import ScaledOptimizer, ScalingRule
+from pollux.train.schedule import StepDuties, interval_steps, next_agreement_in, step_duties
+
+if TYPE_CHECKING:
+    from pollux.train.agent_link import AgentLink
 
 log = structlog.get_logger(__name__)
 
-_CONTROL_FIELDS = 6
-"""Control values before the gradient norms: stop, has_config, local_bsz, accum_steps,
-lr_scale, steps until the next agreement."""
-
-_MAX_AGREEMENT_STEPS = 1_000_000
-"""Cap of rank 0's agreement schedule (a value that fits exactly in the float64 buffer)."""
+_NO_DUTIES = StepDuties(
+    interval=1, measure=False, agree=False, pair=False, per_micro=False, collect=False
+)
+"""Before the first step: nothing measured."""
 
 
 class Stateful(Protocol):
@@ -351,7 +367,7 @@ class ElasticTrainer:
         self, wanted: bool, source: BatchConfigSource | None, sink: MetricsSink | None
     ) -> MetricsSink | None:
         """Set `batch_source` and return the metrics sink, the job's agent filling either gap."""
-        self._link: _AgentLink | None = None
+        self._link: AgentLink | None = None
         # Rank 0 alone polls the batch source and reports, so only it talks to the agent.
         if wanted and self.rank == 0 and (source is None or sink is None):
             self._link = _agent_link(self.env)
@@ -367,7 +383,8 @@ class ElasticTrainer:
         self._amp_scale = 1.0
         """The AMP loss scale of the current step (kept from the previous step's update)."""
         self._amp_scale_unknown = True
-        self._collect = False
+        self._duties = _NO_DUTIES
+        """What the current optimizer step measures (see `_begin_step`)."""
         self._stamp = False
         self._last_grad_mark: Mark | None = None
         self._accum_marks: list[tuple[Mark, Mark]] = []
@@ -379,9 +396,6 @@ class ElasticTrainer:
         """Steps until the replicas' next agreement (several replicas; the first step agrees)."""
         self._steps_since_agreement = 0
         self._agreement_started = time.monotonic()
-        self._agree = False
-        self._measure = False
-        self._pair = False
 
     # -- what the user reads -----------------------------------------------------------------
 
@@ -569,7 +583,7 @@ class ElasticTrainer:
         else:
             self._loss_weight = info.size / plan.samples
         self.collector.begin_micro_batch(
-            collect=self._collect, multiplier=self._loss_weight * self._amp_scale
+            collect=self._duties.collect, multiplier=self._loss_weight * self._amp_scale
         )
         self._stamp = self.world_size > 1 and plan.regular and info.is_last
         self._last_grad_mark = None
@@ -582,36 +596,22 @@ class ElasticTrainer:
         if self._amp_scale_unknown:
             self._amp_scale = self._current_amp_scale()
             self._amp_scale_unknown = False
+        self._duties = step_duties(
+            step=self._local_steps,
+            interval=interval_steps(
+                stats_interval=self.stats_interval,
+                init_batch_size=self.init_batch_size,
+                total_batch_size=plan.config.total(self.world_size),
+            ),
+            world_size=self.world_size,
+            accum_steps=plan.config.accum_steps,
+            regular=plan.regular,
+            until_agreement=self._until_agreement,
+        )
         # Per-micro-batch gradients exist only with several replicas or accumulation; the hooks
         # that read them (and time the synchronisation) are installed only then.
-        per_micro = self.world_size > 1 or plan.config.accum_steps > 1
-        if per_micro != self.collector.hooks_enabled:
-            self.collector.enable_hooks(per_micro)
-        interval = self._interval_steps(plan.config)
-        phase = self._local_steps % interval
-        if self.world_size > 1:
-            # Statistics are measured on a fixed schedule (so training is reproducible) and
-            # need the all-reduce; rank 0 may ask for further agreements to bound the delay
-            # of a stop when steps are slow.
-            self._measure = phase == 0
-            self._agree = self._measure or self._until_agreement <= 1
-            self._pair = False
-        else:
-            self._agree = False
-            differenced = plan.config.accum_steps == 1
-            self._measure = phase == 0
-            # The differenced estimator stores on the measured step and pairs on the next.
-            self._pair = differenced and (phase == 1 or interval == 1)
-        self._collect = plan.regular and per_micro and self._measure
-
-    def _interval_steps(self, config: BatchConfig) -> int:
-        """Optimizer steps per measurement: `stats_interval` M0-batches' worth of samples.
-
-        Counting in samples keeps the number of measurements within the smoothing window
-        (which is about 1000 M0-batches long) the same at every batch size.
-        """
-        total = config.total(self.world_size)
-        return max(1, round(self.stats_interval * self.init_batch_size / total))
+        if self._duties.per_micro != self.collector.hooks_enabled:
+            self.collector.enable_hooks(self._duties.per_micro)
 
     def _end_micro(self, info: MicroBatchInfo, start: Mark, end: Mark) -> None:
         if not info.regular:
@@ -656,14 +656,15 @@ class ElasticTrainer:
         agreement step, the control all-reduce.
         """
         plan = info.plan
+        duties = self._duties
         captured = _Captured()
         if self.world_size > 1:
             if not plan.regular:
                 self._all_reduce_gradients()
-            if self._agree:
-                local_sqr = self.collector.local_sqr() if self._collect else None
+            if duties.agree:
+                local_sqr = self.collector.local_sqr() if duties.collect else None
                 captured.work, captured.buffer = self._start_agreement(local_sqr)
-                if self._collect:
+                if duties.collect:
                     captured.total = self.collector.total_sqr(self._amp_scale)
             return captured
         if not plan.regular or plan.config.accum_steps > 1:
@@ -673,12 +674,12 @@ class ElasticTrainer:
         if not plan.regular:
             return captured
         if plan.config.accum_steps == 1:
-            if self._measure or self._pair:
-                keep = self._measure
-                if keep and not self._pair:
+            if duties.measure or duties.pair:
+                keep = duties.measure
+                if keep and not duties.pair:
                     self.collector.forget_previous()  # pair consecutive steps only
                 captured.differenced = self.collector.differenced_sqr(self._amp_scale, keep=keep)
-        elif self._collect:
+        elif duties.collect:
             captured.local = self.collector.local_sqr()
             captured.total = self.collector.total_sqr(self._amp_scale)
         return captured
@@ -689,9 +690,9 @@ class ElasticTrainer:
         scale = plan.samples / self.init_batch_size
         captured = self._captured if self._captured is not None else self._capture(info)
         self._captured = None
-        stop, agreed = False, None
+        agreed: Agreement | None = None
         local_values: list[float] | None = None
-        weight = float(self._interval_steps(config))
+        weight = float(self._duties.interval)
         if self.world_size > 1:
             self._until_agreement -= 1
             self._steps_since_agreement += 1
@@ -699,15 +700,14 @@ class ElasticTrainer:
                 if captured.work is not None:
                     captured.work.wait()
                 reduced = captured.buffer.tolist()
-                stop = reduced[0] > 0
-                agreed = _config_from(reduced[1:5])
-                self._until_agreement = max(1, round(reduced[5]))
+                agreed = Agreement.decode(reduced[: Agreement.FIELDS])
+                self._until_agreement = max(1, agreed.next_in)
                 self._agreement_started = time.monotonic()
                 self._steps_since_agreement = 0
-                if self._collect:
-                    local_values = reduced[_CONTROL_FIELDS:]
+                if self._duties.collect:
+                    local_values = reduced[Agreement.FIELDS :]
         else:
-            stop, agreed = self.stop_signal.requested, self._propose_config()
+            agreed = Agreement(stop=self.stop_signal.requested, config=self._propose_config())
             if captured.local is not None:
                 local_values = captured.local.tolist()
 
@@ -721,52 +721,37 @@ class ElasticTrainer:
             self.collector.forget_previous()
         if self.reporter is not None and self.gns.measured:
             self.reporter.set_grad_stats(self.gns.stats)
-        if agreed is not None and agreed != self.loader.batch_config:
-            self._switch_config(agreed)
-        if stop:
-            self._preempt()
-        if (
-            self.checkpoint_interval_s is not None
-            and self.rank == 0
-            and time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s
+        if agreed is not None:
+            if agreed.config is not None and agreed.config != self.loader.batch_config:
+                self._switch_config(agreed.config)
+            if agreed.stop:
+                self._preempt()
+        if periodic_checkpoint_due(
+            rank=self.rank,
+            interval_s=self.checkpoint_interval_s,
+            last_s=self._last_checkpoint,
+            now_s=time.monotonic(),
         ):
-            try:
-                self.save()
-            except CheckpointError as error:
-                # Periodic checkpoints are insurance; the other replicas are already in the
-                # next step, so failing here alone would hang them. The stop and the end
-                # still checkpoint, and fail loudly.
-                self.log.warning("periodic_checkpoint_failed", error=str(error))
+            save_periodic_checkpoint(self.save, self.log)
 
     def _start_agreement(self, local_sqr: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
-        """Launch the all-reduce of [stop, rank 0's config and schedule, local norms]."""
-        values = [1.0 if self.stop_signal.requested else 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        """Launch the SUM all-reduce of [this replica's `Agreement` proposal, local norms]."""
+        proposal = Agreement(stop=self.stop_signal.requested)
         if self.rank == 0:
-            proposal = self._propose_config()
-            if proposal is not None:
-                values[1:5] = [
-                    1.0,
-                    float(proposal.local_bsz),
-                    float(proposal.accum_steps),
-                    0.0 if proposal.lr_scale is None else proposal.lr_scale,
-                ]
-            values[5] = float(self._next_agreement_in())
-        values += [0.0] * self.collector.num_groups
+            proposal = Agreement(
+                stop=proposal.stop,
+                config=self._propose_config(),
+                next_in=next_agreement_in(
+                    elapsed_s=time.monotonic() - self._agreement_started,
+                    steps_since_agreement=self._steps_since_agreement,
+                    agreement_period_s=self.agreement_period_s,
+                ),
+            )
+        values = proposal.encode() + [0.0] * self.collector.num_groups
         buffer = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         if local_sqr is not None:
-            buffer[_CONTROL_FIELDS:] = local_sqr.to(self._comm_device)
+            buffer[Agreement.FIELDS :] = local_sqr.to(self._comm_device)
         return dist.all_reduce(buffer, async_op=True), buffer
-
-    def _next_agreement_in(self) -> int:
-        """Rank 0's choice of steps to the next agreement: about `agreement_period_s` away.
-
-        Measurement steps are agreements anyway, so this only matters when steps are slow.
-        """
-        elapsed = time.monotonic() - self._agreement_started
-        step_s = elapsed / max(self._steps_since_agreement + 1, 1)
-        if step_s <= 0.0:
-            return _MAX_AGREEMENT_STEPS
-        return max(1, min(_MAX_AGREEMENT_STEPS, int(self.agreement_period_s / step_s)))
 
     def _all_reduce_gradients(self) -> None:
         """Sum the weighted gradients of an irregular step over replicas (no DDP bucket).
@@ -939,7 +924,9 @@ class ElasticTrainer:
         return self.checkpoints.save(state)
 
     def _restore(self) -> BatchConfig | None:
-        state = self._load_agreed_checkpoint()
+        state = load_agreed_checkpoint(
+            self.checkpoints, rank=self.rank, world_size=self.world_size, log=self.log
+        )
         if state is None:
             return None
         meta = state.get("meta", {})
@@ -973,64 +960,28 @@ class ElasticTrainer:
             return BatchConfig.from_dict(state["batch_config"])
         return None
 
-    def _load_agreed_checkpoint(self) -> dict[str, Any] | None:
-        """Load the checkpoint so that every replica resumes from the same one.
-
-        Every replica reads the file; if any sees something other than rank 0 (a node-local
-        directory, a lagging network filesystem), rank 0's state is broadcast to all.
-        """
-        state = self.checkpoints.load() if self.checkpoints.enabled else None
-        if self.world_size == 1:
-            return state
-        stamp = None if state is None else state.get("meta", {}).get("saved_at")
-        stamps: list[Any] = [None] * self.world_size
-        dist.all_gather_object(stamps, stamp)
-        if all(s == stamps[0] for s in stamps):
-            return state
-        self.log.warning("checkpoint_views_differ", stamps=stamps)
-        box: list[Any] = [state if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return cast(dict[str, Any] | None, box[0])
-
     def _check_stop(self) -> None:
-        stop = self.stop_signal.requested
-        if self.world_size > 1:
-            flag = torch.tensor([1.0 if stop else 0.0], device=self._comm_device)
-            dist.all_reduce(flag)
-            stop = bool(flag.item() > 0)
-        if stop:
+        """Stop now if any replica was asked to (a collective when K > 1)."""
+        requested = self.stop_signal.requested
+        if any_replica(requested, world_size=self.world_size, device=self._comm_device):
             self._preempt()
 
-    def _preempt(self) -> None:
-        path, failure = None, None
-        try:
-            path = self.save()
-        except CheckpointError as error:
-            failure = error
-        if self.world_size > 1:
-            # Also the barrier: nobody exits before rank 0's checkpoint is durable. Every
-            # replica learns whether it was written, so all of them fail the same way.
-            failed = torch.tensor([0.0 if failure is None else 1.0], device=self._comm_device)
-            dist.all_reduce(failed)
-            if failure is None and failed.item() > 0:
-                failure = CheckpointError(
-                    str(self.checkpoints.path), "rank 0 could not write it; see its log"
-                )
-        if failure is not None:
-            self.close()
-            raise failure
-        self.log.info(
-            "preempted",
-            signal=None if self.stop_signal.received is None else self.stop_signal.received.name,
-            checkpoint=None if path is None else str(path),
-            epoch=self.epoch,
-            position=self.loader.position,
-            progress=round(self.progress, 3),
+    def _preempt(self) -> NoReturn:
+        """Checkpoint and raise `Preempted` (see `pollux.train.preemption.preempt`)."""
+        preempt(
+            self.save,
+            self.close,
+            world_size=self.world_size,
+            device=self._comm_device,
+            checkpoints=self.checkpoints,
+            stop_signal=self.stop_signal,
+            log=self.log,
+            position={
+                "epoch": self.epoch,
+                "position": self.loader.position,
+                "progress": round(self.progress, 3),
+            },
         )
-        self.close()
-        if self.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()  # the process is about to exit
-        raise Preempted(None if path is None else str(path))
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -1142,11 +1093,7 @@ def _check_arguments(
         )
 
 
-class _AgentLink(BatchConfigSource, MetricsSink, Protocol):
-    def close(self) -> None: ...
-
-
-def _agent_link(env: TrainEnv) -> _AgentLink | None:
+def _agent_link(env: TrainEnv) -> AgentLink | None:
     """The gRPC link to the job's agents named by ``POLLUX_AGENT_ADDR``, or None without one.
 
     Imported here, not at the top, so that `pollux.train` itself never loads gRPC: a script run
@@ -1154,7 +1101,7 @@ def _agent_link(env: TrainEnv) -> _AgentLink | None:
     """
     if env.agent_addr is None:
         return None
-    from pollux.client.agent_link import AgentLink  # noqa: PLC0415 - optional control plane
+    from pollux.train.agent_link import AgentLink  # noqa: PLC0415 - optional control plane
 
     addresses = [a.strip() for a in env.agent_addr.split(",") if a.strip()]
     if not addresses:
@@ -1166,14 +1113,3 @@ def _dense_grad(param: torch.Tensor) -> torch.Tensor:
     """The gradient as a dense tensor (sparse ones, e.g. of ``Embedding(sparse=True)``)."""
     assert param.grad is not None
     return param.grad.to_dense() if param.grad.is_sparse else param.grad
-
-
-def _config_from(values: list[float]) -> BatchConfig | None:
-    has, local_bsz, accum, lr_scale = values
-    if has < 0.5:
-        return None
-    return BatchConfig(
-        local_bsz=round(local_bsz),
-        accum_steps=round(accum),
-        lr_scale=None if lr_scale == 0.0 else lr_scale,
-    )

@@ -18,7 +18,7 @@ import pytest
 
 from pollux.client import Client, JobSpec
 from pollux.service.local_cluster import LocalCluster
-from tests.e2e.waiting import wait_until
+from tests.waiting import wait_until
 
 JOB = Path(__file__).parent / "jobs" / "counter_job.py"
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,31 +7,49 @@ so that four replicas on a two-core machine behave like a GPU job without fighti
 
 The scheduler grows it from 1 replica to 4 as its agent's model shows it scales; a competing
 job then arrives twice and is cancelled twice, so the scheduler shrinks and regrows it. The
-test reads the job's audit logs and checks what the issue asks for:
+test reads the job's audit logs and checks:
 
 - every replica restart resumed from the previous allocation's checkpoint (the step count
   continues where the last generation's kept steps end);
 - across all restarts, every sample was trained on exactly once per epoch;
-- the agent grew the batch size as the gradient noise scale grew;
+- the measured gradient noise scale rose over the run, and the job ended with a total batch
+  above its initial one;
+- within one allocation (one generation, so one shape), no epoch trained with a smaller batch
+  than an earlier epoch whose measured noise scale was at most half its own; equal batches
+  pass;
 - the final test loss and accuracy match the same script run alone (one process, the initial
   batch size throughout) within a stated tolerance.
+
+The batch checks tolerate ties on purpose: the agent's choice is a step function of the noise
+scale (a discrete candidate grid, hysteresis, a memory per allocation shape, the per-GPU cap),
+so equal batches at different noise scales are normal, and one epoch's noise sample is noisy.
+That a higher noise scale gives a batch at least as large, and a strictly larger one once it
+passes the point where a larger configuration overtakes, is tested deterministically on the
+agent's `choose` in tests/unit/test_agent_batch_choice.py.
+
+Every wait is cut to one deadline: the test's timeout marker less a reserve for stopping the
+cluster. A slow run therefore fails with wait_until's "timed out ... waiting for ..." naming
+the stage it was in, not with a pytest-timeout kill.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pollux.client import Client, JobSpec
 from pollux.service.local_cluster import LocalCluster
-from tests.e2e.waiting import wait_until
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_classifier.py"
@@ -48,10 +66,40 @@ are noisy (the best accuracy is about 0.70), the runs see different batch sizes 
 counts, and 1024 test samples carry about ±0.014 sampling noise."""
 LOSS_TOLERANCE = 0.05
 """Relative test-loss difference allowed (the loss is about 0.88)."""
+NOISE_RISE = 2.0
+"""Factor by which one epoch's measured noise scale must exceed an earlier epoch's (same
+allocation) before its batch may not be smaller: epoch-to-epoch samples differ by about 20 %."""
+
+TIMEOUT_S = 540
+"""The test's pytest timeout: it takes about 250 s on an idle two-core machine and 370 s on one
+shared with other test runs."""
+TEARDOWN_S = 45.0
+"""Kept out of every wait for stopping the cluster (the launchers stop replicas gracefully)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """One deadline shared by all of a test's waits (monotonic clock, seconds)."""
+
+    at: float
+
+    def left(self, cap: float = math.inf) -> float:
+        """Seconds to wait for the next thing: at most `cap`, never past the deadline."""
+        return max(0.0, min(cap, self.at - time.monotonic()))
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+def deadline(request: pytest.FixtureRequest) -> Deadline:
+    """The test's timeout marker, counted from before the cluster starts, less teardown."""
+    marker = request.node.get_closest_marker("timeout")
+    assert marker is not None, "a test that waits needs a timeout marker to fit its waits in"
+    return Deadline(time.monotonic() + float(marker.args[0]) - TEARDOWN_S)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, deadline: Deadline) -> Iterator[LocalCluster]:
+    # Depends on `deadline` so that the deadline is taken before the cluster's start-up, which
+    # counts against the test's timeout too.
     with LocalCluster(
         tmp_path / "cluster",
         nodes=2,
@@ -65,15 +113,24 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
-def solo_run(tmp_path: Path) -> subprocess.Popen[str]:
-    """The same script alone: one process, no cluster, batch M0 throughout."""
-    return subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), *TRAIN_ARGS],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+@pytest.fixture
+def solo(tmp_path: Path, cluster: LocalCluster) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The same script alone: one process, no cluster, batch M0 throughout; and its log.
+
+    Started once the cluster is up, alongside the elastic job; killed if the test ends first.
+    """
+    log = tmp_path / "solo.log"
+    with log.open("wb") as out:  # a file, not a pipe: nothing can block on a full pipe
+        process = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), *TRAIN_ARGS],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    yield process, log
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def last_epoch_line(output: str) -> dict[str, float]:
@@ -124,11 +181,14 @@ def kept_batches(
     return spans, dict(seen)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(TIMEOUT_S)
 def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster,
+    deadline: Deadline,
+    solo: tuple[subprocess.Popen[bytes], Path],
+    tmp_path: Path,
 ) -> None:
-    solo = solo_run(tmp_path)
+    solo_process, solo_log = solo
     audit = tmp_path / "audit"
     spec = JobSpec(
         "elastic",
@@ -171,14 +231,21 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
             # Running means launched; wait until the replicas actually train.
             return want(job.allocation.gpus) and (audit / f"samples-{gen}-0.txt").exists()
 
-        wait_until(lambda: training_on(lambda k: k == 4), 150, "the job to train on 4 GPUs")
+        # Each stage's own limit, cut to what is left before the deadline.
+        wait_until(
+            lambda: training_on(lambda k: k == 4), deadline.left(150), "the job to train on 4 GPUs"
+        )
         for _ in range(2):
             # A second job arrives: the scheduler makes room for it by shrinking ours.
             other = client.submit(competitor).id
-            wait_until(lambda: training_on(lambda k: k < 4), 60, "the job to shrink")
+            wait_until(lambda: training_on(lambda k: k < 4), deadline.left(60), "the job to shrink")
             client.cancel(other)
-            wait_until(lambda: training_on(lambda k: k == 4), 60, "the job to grow back")
-        wait_until(lambda: client.get_job(job_id).state == "SUCCEEDED", 240, "the job to end")
+            wait_until(
+                lambda: training_on(lambda k: k == 4), deadline.left(60), "the job to grow back"
+            )
+        wait_until(
+            lambda: client.get_job(job_id).state == "SUCCEEDED", deadline.left(), "the job to end"
+        )
         job = client.get_job(job_id)
 
     resized = [t.reason for t in job.history if t.state == "RESCALING"]
@@ -202,28 +269,27 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
         assert len(ids) == SAMPLES, f"epoch {epoch}: {len(ids)} samples"
         assert set(counts.values()) == {1}, f"epoch {epoch}: {len(counts)} distinct samples"
 
-    # The batch size grew with the gradient noise scale.
+    # The batch followed the noise scale, in checks that equal batches cannot break (the
+    # causal claim itself is a unit property of the agent's choice, see the module docstring).
     epochs = [json.loads(x) for x in (audit / "epochs.jsonl").read_text().splitlines()]
     measured = [e for e in epochs if e["pgns"] is not None]
     first, last = measured[0], measured[-1]
     assert last["pgns"] > first["pgns"], (first, last)
     assert last["batch"] > INIT_BATCH, epochs
-
-    # Per replica, so that allocation changes do not mask the agent's choice: the quietest
-    # epoch trained with a smaller batch than the typical noisier one (with these settings the
-    # agent's choice soon reaches the per-GPU maximum of 256, so later growth is capped).
-    def per_replica(e: dict[str, float]) -> float:
-        return e["batch"] / e["replicas"]
-
-    quietest = min(measured, key=lambda e: e["pgns"])
-    others = sorted(per_replica(e) for e in measured if e is not quietest)
-    assert per_replica(quietest) < others[len(others) // 2], epochs
+    # Within one generation the shape is fixed, so the total batch is the agent's choice for
+    # that shape; a much noisier later epoch never trained with a smaller one.
+    for early, late in itertools.combinations(measured, 2):
+        if early["generation"] == late["generation"] and (
+            late["pgns"] >= NOISE_RISE * early["pgns"]
+        ):
+            assert late["batch"] >= early["batch"], (early, late)
     assert epochs[-1]["epoch"] == EPOCHS - 1
     assert epochs[-1]["progress"] > 0
 
-    # Same quality as training alone.
-    out, _ = solo.communicate(timeout=240)
-    assert solo.returncode == 0, out
+    # Same quality as training alone (started first, it has long finished by now).
+    wait_until(lambda: solo_process.poll() is not None, deadline.left(), "the solo run to end")
+    out = solo_log.read_text()
+    assert solo_process.returncode == 0, out
     alone = last_epoch_line(out)
     final = epochs[-1]
     assert abs(final["accuracy"] - alone["accuracy"]) <= ACCURACY_TOLERANCE, (final, alone)

@@ -362,4 +362,3 @@ def _predicted_oracle(model: GoodputModel | None, top: int) -> OracleInfo:
         )
     step = np.concatenate(([np.inf], times))
     return OracleInfo(step_time=step, remaining_iterations=1.0)
-

@@ -1,7 +1,10 @@
 """The training library's link to its agent: a `MetricsSink` and a `BatchConfigSource` over gRPC.
 
-`pollux.train` stays free of gRPC; a replica started by a launcher gets `POLLUX_AGENT_ADDR`
-(the job's owning agent first, then the others) and `ElasticTrainer` plugs this link in.
+A replica started by a launcher gets `POLLUX_AGENT_ADDR` (the job's owning agent first, then
+the others) and `ElasticTrainer` plugs this link in. It lives beside the trainer, which alone
+uses it, so that `pollux.client` needs no torch; `pollux.train` imports it lazily, only when
+an agent address is set, so that importing the library loads no gRPC.
+
 Reports go to the first agent that answers; a failure raises, so the trainer's reporter keeps
 the batch and retries later (training never waits on the agent). Batch configurations are
 refreshed by a background thread so that `batch_config()` never blocks a training step.

@@ -1,0 +1,140 @@
+"""The replicas' side of checkpoints: one checkpoint to resume, one step to stop at, exit 143.
+
+`CheckpointManager` writes and reads one file and `StopSignal` turns SIGTERM into a flag
+(`pollux.train.checkpoint`); this module is what the replicas do with them together, so that
+a job of several replicas resumes, stops and fails as one (docs/architecture.md §7):
+
+- **Resume.** Every replica loads the checkpoint; if their views differ, rank 0's state wins
+  (`load_agreed_checkpoint`).
+- **Stop.** The trainer polls the flag at step boundaries, where the state is consistent. The
+  replicas agree on the step to stop at (`any_replica` at epoch boundaries, the step's
+  agreement otherwise); then `preempt` has rank 0 write the checkpoint, makes every replica
+  wait until it is durable and raises `Preempted` (exit code 143), or the same
+  `CheckpointError` on every replica if it could not be written.
+- **Periodic checkpoints** are insurance: rank 0 writes one at the first step boundary after
+  the interval, and a failure is only logged, since the other replicas have gone on already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn, cast
+
+import torch
+import torch.distributed as dist
+from structlog.typing import FilteringBoundLogger
+
+from pollux.train.checkpoint import CheckpointManager, StopSignal
+from pollux.train.errors import CheckpointError, Preempted
+
+
+def any_replica(flag: bool, *, world_size: int, device: torch.device) -> bool:
+    """Whether `flag` is set on any replica; a collective (every replica calls it) when K > 1.
+
+    Args:
+        flag: This replica's flag.
+        world_size: Replicas K.
+        device: Where the collective's tensor lives (the backend's device).
+    """
+    if world_size == 1:
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(tensor)
+    return bool(tensor.item() > 0)
+
+
+def load_agreed_checkpoint(
+    checkpoints: CheckpointManager, *, rank: int, world_size: int, log: FilteringBoundLogger
+) -> dict[str, Any] | None:
+    """The checkpointed state every replica resumes from, or None for a fresh start.
+
+    Every replica reads the file; if any sees something other than rank 0 (a node-local
+    directory, a lagging network filesystem), rank 0's state is broadcast to all.
+    """
+    state = checkpoints.load() if checkpoints.enabled else None
+    if world_size == 1:
+        return state
+    stamp = None if state is None else state.get("meta", {}).get("saved_at")
+    stamps: list[Any] = [None] * world_size
+    dist.all_gather_object(stamps, stamp)
+    if all(s == stamps[0] for s in stamps):
+        return state
+    log.warning("checkpoint_views_differ", stamps=stamps)
+    box: list[Any] = [state if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return cast(dict[str, Any] | None, box[0])
+
+
+def periodic_checkpoint_due(
+    *, rank: int, interval_s: float | None, last_s: float, now_s: float
+) -> bool:
+    """Whether rank 0 owes a periodic checkpoint (monotonic seconds; None: no interval)."""
+    return interval_s is not None and rank == 0 and now_s - last_s >= interval_s
+
+
+def save_periodic_checkpoint(save: Callable[[], Path | None], log: FilteringBoundLogger) -> None:
+    """Call `save`; a `CheckpointError` is logged, not raised.
+
+    The other replicas are already in the next step, so failing here alone would hang them;
+    the stop and the end still checkpoint, and fail loudly.
+    """
+    try:
+        save()
+    except CheckpointError as error:
+        log.warning("periodic_checkpoint_failed", error=str(error))
+
+
+def preempt(
+    save: Callable[[], Path | None],
+    close: Callable[[], None],
+    *,
+    world_size: int,
+    device: torch.device,
+    checkpoints: CheckpointManager,
+    stop_signal: StopSignal,
+    log: FilteringBoundLogger,
+    position: Mapping[str, Any],
+) -> NoReturn:
+    """Stop at the agreed step: checkpoint, wait for it everywhere, raise `Preempted`.
+
+    Every replica calls it at the same step. Rank 0 writes the checkpoint with `save` (a no-op
+    elsewhere); the flag all-reduce that follows is also the barrier, so nobody exits before
+    the checkpoint is durable, and every replica learns whether it was written.
+
+    Args:
+        save: Writes the checkpoint (rank 0), returning its path or None.
+        close: Releases the trainer (reporter, agent link, signal handlers, hooks).
+        world_size: Replicas K.
+        device: The collectives' device.
+        checkpoints: The job's checkpoints (for the path named in errors).
+        stop_signal: The signal that requested the stop, for the log.
+        log: The trainer's logger.
+        position: Where training stopped, for the log (epoch, position, progress).
+
+    Raises:
+        Preempted: The checkpoint is written (exit code 143).
+        CheckpointError: It could not be written, raised on every replica.
+    """
+    path, failure = None, None
+    try:
+        path = save()
+    except CheckpointError as error:
+        failure = error
+    failed = any_replica(failure is not None, world_size=world_size, device=device)
+    if failure is None and failed:
+        failure = CheckpointError(str(checkpoints.path), "rank 0 could not write it; see its log")
+    if failure is not None:
+        close()
+        raise failure
+    received = stop_signal.received
+    log.info(
+        "preempted",
+        signal=None if received is None else received.name,
+        checkpoint=None if path is None else str(path),
+        **position,
+    )
+    close()
+    if world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()  # the process is about to exit
+    raise Preempted(None if path is None else str(path))
