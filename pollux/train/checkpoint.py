@@ -13,11 +13,11 @@ read is an error, not a fresh start: silently restarting a long job from scratch
 away its progress. Files are loaded with ``weights_only=True`` (no arbitrary code from pickles).
 
 **Planned stop.** The launcher stops a replica with SIGTERM and expects exit code 143 after a
-checkpoint (docs/architecture.md §7). `StopSignal` only sets a flag from the handler; the trainer polls it
-at step boundaries, where the state is consistent, agrees with the other replicas, saves, and
-raises `Preempted` (a `SystemExit` with code 143). A second signal ends the process at once.
-What the replicas do together (agree on the step, wait for the checkpoint, resume from one
-view of it, periodic checkpoints) is `pollux.train.preemption`.
+checkpoint (docs/architecture.md §7). `StopSignal` only sets a flag from the handler; the
+trainer polls it at step boundaries, where the state is consistent, agrees with the other
+replicas, saves, and raises `Preempted` (a `SystemExit` with code 143). A second signal ends
+the process at once. What the replicas do together (agree on the step, wait for the
+checkpoint, resume from one view of it, periodic checkpoints) is `pollux.train.preemption`.
 """
 
 from __future__ import annotations

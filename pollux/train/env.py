@@ -1,4 +1,4 @@
-"""The environment contract between the NodeLauncher and a training replica (docs/architecture.md §7).
+"""The environment contract between a NodeLauncher and a training replica (architecture §7).
 
 The launcher starts every replica with its identity (job, allocation generation, rank) and the
 rendezvous address in environment variables. `TrainEnv.from_environ` reads and validates them

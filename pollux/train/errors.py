@@ -70,8 +70,8 @@ class Preempted(SystemExit):
     """Raised after a requested stop (SIGTERM) was checkpointed: the process exits with 143.
 
     It is a `SystemExit`, so an uncaught one ends the process with exit status 143, which the
-    launcher reads as a planned restart rather than a failure (docs/architecture.md §7). Code that must run
-    cleanup can catch it and re-raise.
+    launcher reads as a planned restart rather than a failure (docs/architecture.md §7). Code
+    that must run cleanup can catch it and re-raise.
 
     Attributes:
         checkpoint: Path of the checkpoint that was written, or None when checkpointing is off.

@@ -154,7 +154,7 @@ def test_rank_zero_reported_step_times_for_its_configuration(results):
     assert results[1]["observations"] == {}  # only rank 0 reports
 
 
-# -- the environment contract every replica starts with (docs/architecture.md §7) ---------------------
+# -- the environment contract every replica starts with (docs/architecture.md §7) ----------
 
 
 def test_environment_contract_is_read_with_defaults_for_a_standalone_run(tmp_path):
