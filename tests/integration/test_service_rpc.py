@@ -8,7 +8,7 @@ under its method and code.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -19,10 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
-from pollux.service.app import ServiceApp
+from pollux.service.app import ServiceApp, Servicer
 from pollux.service.config import ServerConfig
 from pollux.service.errors import InvalidArgument, NotFound
 from pollux.service.rpc import annotate
+from pollux.service.server import ServiceHost
 from pollux.service.store import Conflict, FenceLost, StoreUnavailable
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import launcher_service_pb2_grpc as lgrpc
@@ -66,24 +67,26 @@ class FailingLauncher:
             raise FAILURES[request.job_id]
 
 
-class App(ServiceApp):
-    def __init__(self) -> None:
-        super().__init__("launcher", ServerConfig(grace_s=0), node_id="n-test")
+class Idle:
+    """A component that does nothing: the RPC path is under test."""
 
-    def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        lgrpc.add_LauncherServiceServicer_to_server(FailingLauncher(), server)
-        return [SERVICE]
-
-    async def start_component(self, address: str) -> None:
+    async def start(self, address: str) -> None:
         return None
 
-    async def stop_component(self) -> None:
+    async def stop(self) -> None:
         return None
+
+
+def make_app() -> ServiceApp:
+    server = ServerConfig(grace_s=0)
+    servicer = Servicer(lgrpc.add_LauncherServiceServicer_to_server, FailingLauncher(), SERVICE)
+    host = ServiceHost.for_config("launcher", server)
+    return ServiceApp(host, server, Idle(), [servicer], node_id="n-test")
 
 
 @pytest.fixture
 async def stub() -> AsyncIterator[lgrpc.LauncherServiceStub]:
-    app = App()
+    app = make_app()
     await app.start()
     try:
         async with grpc.aio.insecure_channel(app.address) as channel:
@@ -178,7 +181,7 @@ async def test_a_successful_call_is_observed_as_ok(stub: lgrpc.LauncherServiceSt
 
 
 async def test_health_checks_pass_through_unobserved() -> None:
-    app = App()
+    app = make_app()
     await app.start()
     try:
         async with grpc.aio.insecure_channel(app.address) as channel:

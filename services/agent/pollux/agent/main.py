@@ -13,19 +13,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import grpc
-
 from pollux.agent.agent import Agent
 from pollux.agent.config import AgentConfig
 from pollux.agent.servicer import SERVICE_NAME, AgentServicer
-from pollux.service.app import ServiceApp
+from pollux.service.app import ServiceApp, Servicer
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.server import ServiceHost
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
 
 
 class AgentApp(ServiceApp):
-    """An agent process: its gRPC server and the `Agent` it serves.
+    """An agent process: the `Agent` (the component) and its AgentService.
 
     Args:
         config: The validated configuration.
@@ -36,22 +35,12 @@ class AgentApp(ServiceApp):
     def __init__(
         self, config: AgentConfig, store: Store, *, clock: Callable[[], float] = time.time
     ) -> None:
-        super().__init__("agent", config.server, agent_id=config.agent_id)
         self.agent = Agent(store, config, clock=clock)
-        self._servicer = AgentServicer(self.agent)
-
-    def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        """Add the AgentService servicer."""
-        api_grpc.add_AgentServiceServicer_to_server(self._servicer, server)
-        return [SERVICE_NAME]
-
-    async def start_component(self, address: str) -> None:
-        """Register under a lease as `address` and follow the agent membership."""
-        await self.agent.start(address)
-
-    async def stop_component(self) -> None:
-        """Deregister (revoke the lease) and stop the background tasks."""
-        await self.agent.stop()
+        servicer = Servicer(
+            api_grpc.add_AgentServiceServicer_to_server, AgentServicer(self.agent), SERVICE_NAME
+        )
+        host = ServiceHost.for_config("agent", config.server)
+        super().__init__(host, config.server, self.agent, [servicer], agent_id=config.agent_id)
 
 
 SPEC: ServiceSpec[AgentConfig, None] = ServiceSpec(

@@ -1,23 +1,50 @@
 """`ServiceApp`: one service process's parts, started and stopped in one order.
 
 Every service is the same sandwich: a `ServiceHost` (gRPC server with the RPC observer, health,
-reflection, metrics) around a component (the scheduler's election and rounds, the agent, the
-node's launcher). Start serves gRPC first, so the component can register the address it is
-reached at; stop stops the component first (a launcher's replicas checkpoint while their logs
-stay readable, an agent deregisters while in-flight reports finish), then the server.
+reflection, metrics) serving some servicers, around a component (the scheduler's election and
+rounds, the agent, the node's launcher). Start serves gRPC first, so the component can register
+the address it is reached at; stop stops the component first (a launcher's replicas checkpoint
+while their logs stay readable, an agent deregisters while in-flight reports finish), then the
+server. A service only says what its component and servicers are.
 """
 
 from __future__ import annotations
 
-import abc
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 import structlog
 
 from pollux.service.config import ServerConfig
 from pollux.service.server import ServiceHost
+
+
+class Component(Protocol):
+    """What a service process runs beside its gRPC server."""
+
+    async def start(self, address: str) -> None:
+        """Start, reachable at `address`."""
+
+    async def stop(self) -> None:
+        """Stop (idempotent; also called after a failed start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Servicer:
+    """A servicer to serve and the generated function that adds it.
+
+    Attributes:
+        add: The generated ``add_<Service>Servicer_to_server`` function.
+        implementation: The servicer object.
+        name: Full service name, for health and reflection.
+    """
+
+    add: Callable[[Any, grpc.aio.Server], None]
+    implementation: object
+    name: str
 
 
 def advertised_address(server: ServerConfig, port: int) -> str:
@@ -34,42 +61,46 @@ def advertised_address(server: ServerConfig, port: int) -> str:
     return f"{host}:{port}"
 
 
-class ServiceApp(abc.ABC):
-    """A service process: its `ServiceHost` and the component it serves.
+class ServiceApp:
+    """A service process: its `ServiceHost`, the servicers it serves and its component.
 
     Args:
-        name: Short service name for logs ("scheduler", "agent", "launcher").
+        host: The gRPC host (`ServiceHost.for_config`).
         server: The service's endpoints.
+        component: What runs beside the server.
+        servicers: What the server serves.
         identity: Log context every line of the process carries (``node_id=...``).
     """
 
-    def __init__(self, name: str, server: ServerConfig, **identity: str) -> None:
+    def __init__(
+        self,
+        host: ServiceHost,
+        server: ServerConfig,
+        component: Component,
+        servicers: Sequence[Servicer],
+        **identity: str,
+    ) -> None:
+        self.host = host
         self.server_config = server
+        self.component = component
+        self.servicers = tuple(servicers)
         self.identity = identity
-        self.host = ServiceHost(name, server.listen, server.metrics_listen or None)
         self.address = ""
 
-    @abc.abstractmethod
-    def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        """Add the servicers; returns their full service names (for health and reflection)."""
-
-    @abc.abstractmethod
-    async def start_component(self, address: str) -> None:
-        """Start the component, reachable at `address`."""
-
-    @abc.abstractmethod
-    async def stop_component(self) -> None:
-        """Stop the component (idempotent; also called after a failed start)."""
+    def _register(self, server: grpc.aio.Server) -> list[str]:
+        for servicer in self.servicers:
+            servicer.add(servicer.implementation, server)
+        return [s.name for s in self.servicers]
 
     async def start(self) -> None:
         """Serve gRPC, then start the component under the advertised address."""
         # Bound before the server starts: its RPC tasks and the component's copy this context.
         structlog.contextvars.bind_contextvars(**self.identity)
-        await self.host.start(self.register)
+        await self.host.start(self._register)
         self.address = advertised_address(self.server_config, self.host.port)
-        await self.start_component(self.address)
+        await self.component.start(self.address)
 
     async def stop(self) -> None:
         """Stop the component, then the server (in-flight RPCs get the configured grace)."""
-        await self.stop_component()
+        await self.component.stop()
         await self.host.stop(self.server_config.grace_s)

@@ -19,6 +19,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pollux.service.config import ServerConfig
 from pollux.service.rpc import RpcObserver
 
 log = structlog.get_logger(__name__)
@@ -46,6 +47,11 @@ class ServiceHost:
         self._metrics_server: Any = None
         self._services: list[str] = []
         self._started = False
+
+    @classmethod
+    def for_config(cls, name: str, server: ServerConfig) -> ServiceHost:
+        """The host of a service's `[server]` settings."""
+        return cls(name, server.listen, server.metrics_listen or None)
 
     async def start(self, register: Callable[[grpc.aio.Server], Sequence[str]]) -> int:
         """Register servicers, health and reflection; bind; start. Returns the bound port.

@@ -59,6 +59,7 @@ from pollux.launcher.placement import (
     replica_env,
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.service.config import ConfigError
 from pollux.service.keys import Kind
 from pollux.service.ownership import ranked
 from pollux.service.session import LeasedRegistration
@@ -98,8 +99,8 @@ _PORT_PROBES = 64
 """Most MASTER_PORT candidates probed before giving up and using the derived one."""
 
 
-class NodeNameInUseError(Exception):
-    """Another live launcher holds this node's registration.
+class NodeNameInUseError(ConfigError):
+    """Another live launcher holds this node's registration: a configuration problem (exit 2).
 
     Attributes:
         node_name: The contested name.
@@ -108,8 +109,10 @@ class NodeNameInUseError(Exception):
 
     def __init__(self, node_name: str, address: str) -> None:
         super().__init__(
-            f"node_name: {node_name!r} is registered by another launcher at {address}; "
-            "give each node a unique name"
+            [
+                f"node_name: {node_name!r} is registered by another launcher at {address}; "
+                "give each node a unique name"
+            ]
         )
         self.node_name = node_name
         self.address = address
@@ -194,13 +197,14 @@ class Launcher:
         node.register_time.GetCurrentTime()
         return node
 
-    async def start(self) -> None:
-        """Register the node and start the keep-alive, watch and reconcile loops.
+    async def start(self, address: str) -> None:
+        """Register the node as reachable at `address` and start its loops.
 
         Raises:
             NodeNameInUseError: Another live launcher registered this node name.
             StoreError: etcd refused the registration (the process should exit).
         """
+        self.advertise = address
         await self._claim_name()
         with structlog.contextvars.bound_contextvars(node_id=self.node_name):
             await self._registration.start()

@@ -15,15 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
-
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import GpuDetectionError, Inventory, detect
-from pollux.launcher.launcher import Launcher, NodeNameInUseError
+from pollux.launcher.launcher import Launcher
 from pollux.launcher.servicer import SERVICE_NAME, LauncherServicer
-from pollux.service.app import ServiceApp
+from pollux.service.app import ServiceApp, Servicer
 from pollux.service.config import ConfigError
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.server import ServiceHost
 from pollux.service.store import Store
 from pollux.v1 import launcher_service_pb2_grpc as api_grpc
 
@@ -52,7 +51,7 @@ def prepare(config: LauncherConfig) -> Inventory:
 
 
 class LauncherApp(ServiceApp):
-    """One launcher process: its gRPC server (logs, replica table) and the node's `Launcher`.
+    """One launcher process: the node's `Launcher` (the component) and its LauncherService.
 
     Args:
         config: The validated configuration.
@@ -61,31 +60,15 @@ class LauncherApp(ServiceApp):
     """
 
     def __init__(self, config: LauncherConfig, inventory: Inventory, store: Store) -> None:
-        super().__init__("launcher", config.server, node_id=config.node_name)
         self.config = config
         self.launcher = Launcher(config, store, inventory, advertise="")
-        self._servicer = LauncherServicer(self.launcher)
-
-    def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        """Add the LauncherService servicer."""
-        api_grpc.add_LauncherServiceServicer_to_server(self._servicer, server)
-        return [SERVICE_NAME]
-
-    async def start_component(self, address: str) -> None:
-        """Register the node (its address names the gRPC port) and run its loops.
-
-        Raises:
-            ConfigError: Another live launcher holds this node name.
-        """
-        self.launcher.advertise = address
-        try:
-            await self.launcher.start()
-        except NodeNameInUseError as error:
-            raise ConfigError([str(error)]) from error
-
-    async def stop_component(self) -> None:
-        """Stop replicas and deregister; the server stops after (logs stay readable meanwhile)."""
-        await self.launcher.stop()
+        servicer = Servicer(
+            api_grpc.add_LauncherServiceServicer_to_server,
+            LauncherServicer(self.launcher),
+            SERVICE_NAME,
+        )
+        host = ServiceHost.for_config("launcher", config.server)
+        super().__init__(host, config.server, self.launcher, [servicer], node_id=config.node_name)
 
 
 SPEC: ServiceSpec[LauncherConfig, Inventory] = ServiceSpec(

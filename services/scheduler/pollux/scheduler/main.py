@@ -17,13 +17,12 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-import grpc
-
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
-from pollux.service.app import ServiceApp
+from pollux.service.app import ServiceApp, Servicer
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.server import ServiceHost
 from pollux.service.store import Store, cancel_and_wait
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -34,45 +33,38 @@ LEADER_HEALTH = f"{SERVICE}/leader"
 """Health service name that is SERVING only while this replica leads."""
 
 
-class SchedulerApp(ServiceApp):
-    """A scheduler replica: its gRPC server, its election and rounds, health that follows them.
+class Campaign:
+    """The component of a scheduler replica: election and rounds, with health following them.
 
     Args:
-        config: The validated configuration.
         store: The cluster state (owned by the caller).
+        config: The replica's configuration.
+        host: The replica's gRPC host, whose `LEADER_HEALTH` this reports.
     """
 
-    def __init__(self, config: SchedulerConfig, store: Store) -> None:
-        super().__init__("scheduler", config.server, scheduler_id=config.id)
+    def __init__(self, store: Store, config: SchedulerConfig, host: ServiceHost) -> None:
         self.scheduler = Scheduler(store, config, address="", on_leadership=self._leadership)
-        self.servicer = SchedulerServicer(
-            store, config.id, self.scheduler.trigger, lambda: self.scheduler.last_round
-        )
+        self._host = host
         self._leading = False
         self._health_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        """Add the SchedulerService servicer."""
-        spb_grpc.add_SchedulerServiceServicer_to_server(self.servicer, server)
-        return [SERVICE]
-
-    async def start_component(self, address: str) -> None:
+    async def start(self, address: str) -> None:
         """Report NOT_SERVING for the leader health, then campaign and run rounds."""
-        await self.host.set_serving(LEADER_HEALTH, False)
+        await self._host.set_serving(LEADER_HEALTH, False)
         self.scheduler.member.address = address
         self._tasks = [
             asyncio.create_task(self._follow_leadership(), name="scheduler-health"),
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
         ]
 
-    async def stop_component(self) -> None:
+    async def stop(self) -> None:
         """Resign (a standby takes over at once) and stop the rounds."""
         await self.scheduler.stop()
         for task in reversed(self._tasks):
             await cancel_and_wait(task)
         self._tasks = []
-        await self.host.set_serving(LEADER_HEALTH, False)
+        await self._host.set_serving(LEADER_HEALTH, False)
 
     def _leadership(self, leading: bool) -> None:
         self._leading = leading
@@ -84,7 +76,31 @@ class SchedulerApp(ServiceApp):
         while True:
             await self._health_changed.wait()
             self._health_changed.clear()
-            await self.host.set_serving(LEADER_HEALTH, self._leading)
+            await self._host.set_serving(LEADER_HEALTH, self._leading)
+
+
+class SchedulerApp(ServiceApp):
+    """A scheduler replica: its `Campaign` and the SchedulerService every replica serves.
+
+    Args:
+        config: The validated configuration.
+        store: The cluster state (owned by the caller).
+    """
+
+    def __init__(self, config: SchedulerConfig, store: Store) -> None:
+        host = ServiceHost.for_config("scheduler", config.server)
+        campaign = Campaign(store, config, host)
+        self.scheduler = campaign.scheduler
+        servicer = SchedulerServicer(
+            store, config.id, self.scheduler.trigger, lambda: self.scheduler.last_round
+        )
+        super().__init__(
+            host,
+            config.server,
+            campaign,
+            [Servicer(spb_grpc.add_SchedulerServiceServicer_to_server, servicer, SERVICE)],
+            scheduler_id=config.id,
+        )
 
 
 SPEC: ServiceSpec[SchedulerConfig, None] = ServiceSpec(
