@@ -77,6 +77,7 @@ class _Call:
         self.ids = _ids(request)
         self.line: dict[str, Any] = {}
         self.code = "OK"
+        self.finished = False
         self.started = time.perf_counter()
 
     async def fail(self, context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
@@ -96,10 +97,16 @@ class _Call:
         self.line["error"] = message
         if code == grpc.StatusCode.INTERNAL:
             log.error("rpc_internal_error", rpc=self.method, exc_info=error, **self.ids)
+        # Recorded before the status goes out: the caller may look at metrics or logs as soon
+        # as it has its answer.
+        self.finish()
         await abort(context, error)
 
     def finish(self) -> None:
-        """Observe the histogram and emit the canonical line."""
+        """Observe the histogram and emit the canonical line (once)."""
+        if self.finished:
+            return
+        self.finished = True
         seconds = time.perf_counter() - self.started
         RPC_SECONDS.labels(self.service, self.method, self.code).observe(seconds)
         emit = log.info if self.code in CALLER_CODES else log.warning
@@ -182,6 +189,7 @@ def _stream(
                     else:  # a coroutine that writes with context.write
                         await inner(request, context)
                 except BaseException as error:
+                    call.line["messages"] = sent
                     await call.fail(context, error)
                     raise
                 finally:
