@@ -150,3 +150,12 @@ def test_replica_phase_is_typed_on_the_wire():
     assert field.enum_type is not None
     assert field.enum_type.name == "ReplicaPhase"
     assert 5 not in {f.number for f in pb.ReplicaStatus.DESCRIPTOR.fields}  # the old string
+
+
+def test_files_found_relative_to_the_source_tree_exist():
+    # Paths computed from a module's location break silently when a folder moves.
+    from pollux.service.local_cluster import DEMO_JOB
+    from pollux.sim.traces import default_data_root
+
+    assert DEMO_JOB.is_file(), DEMO_JOB
+    assert (default_data_root() / "MD5SUMS").is_file()

@@ -236,7 +236,10 @@ class LocalCluster:
         self.stop()
 
 
-DEMO_JOB = Path(__file__).resolve().parents[2] / "examples" / "elastic_job.yaml"
+REPO = Path(__file__).resolve().parents[4]
+"""The checkout this module runs from (services/common/pollux/service/ is four levels down)."""
+DEMO_JOB = REPO / "examples" / "elastic_job.yaml"
+"""The sample elastic job `pollux-up --demo` runs (./scripts/demo)."""
 
 
 def _interrupt(signum: int, frame: object) -> None:
