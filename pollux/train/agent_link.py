@@ -7,7 +7,10 @@ an agent address is set, so that importing the library loads no gRPC.
 
 Reports go to the first agent that answers; a failure raises, so the trainer's reporter keeps
 the batch and retries later (training never waits on the agent). Batch configurations are
-refreshed by a background thread so that `batch_config()` never blocks a training step.
+refreshed by a background thread so that `batch_config()` never blocks a training step. Every
+answer names the live agents in the job's rendezvous order; when that list differs from the
+link's (agents came or went), the link re-points to it, so running replicas follow their job's
+agent without a restart.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class AgentLink:
             raise ValueError("AgentLink needs at least one agent address")
         self.job_id = job_id
         self.timeout_s = timeout_s
+        self.addresses = list(addresses)
         self._channels = [grpc.insecure_channel(a) for a in addresses]
         self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
         self._preferred = 0
@@ -64,12 +68,13 @@ class AgentLink:
         self._thread.start()
 
     def _call(self, method: str, request: object) -> object:
+        with self._lock:
+            stubs, preferred = self._stubs, self._preferred
         last: grpc.RpcError | None = None
-        count = len(self._stubs)
-        for offset in range(count):
-            index = (self._preferred + offset) % count
+        for offset in range(len(stubs)):
+            index = (preferred + offset) % len(stubs)
             try:
-                reply = getattr(self._stubs[index], method)(request, timeout=self.timeout_s)
+                reply = getattr(stubs[index], method)(request, timeout=self.timeout_s)
             except grpc.RpcError as error:
                 if error.code() not in (
                     grpc.StatusCode.UNAVAILABLE,
@@ -78,10 +83,32 @@ class AgentLink:
                     raise
                 last = error
                 continue
-            self._preferred = index
+            except ValueError:  # the channel was closed by a re-point in flight: next one
+                continue
+            with self._lock:
+                if self._stubs is stubs:
+                    self._preferred = index
+            self._follow(list(getattr(reply, "agents", ())))
             return reply
-        assert last is not None
+        if last is None:  # every channel was closed under us: shutting down or re-pointed
+            raise _ClosedError()
         raise last
+
+    def _follow(self, agents: list[str]) -> None:
+        """Re-point the link when an agent names other agents for this job (agents moved)."""
+        if not agents:
+            return
+        with self._lock:
+            if agents == self.addresses or self._stop.is_set():
+                return
+            old_channels = self._channels
+            self.addresses = agents
+            self._channels = [grpc.insecure_channel(a) for a in agents]
+            self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
+            self._preferred = 0
+        log.info("agent_link_repointed", job_id=self.job_id, agents=agents)
+        for channel in old_channels:
+            channel.close()
 
     def send(self, batch: MetricsBatch) -> None:
         """Deliver one report (MetricsSink); raises if no agent took it, to be retried.
@@ -170,5 +197,18 @@ class AgentLink:
         """Stop the refresh thread, wait for it (at most one RPC deadline), close the channels."""
         self._stop.set()
         self._thread.join(timeout=self.timeout_s + 1.0)
-        for channel in self._channels:
+        with self._lock:
+            channels = self._channels
+        for channel in channels:
             channel.close()
+
+
+class _ClosedError(grpc.RpcError):  # type: ignore[misc]
+    """UNAVAILABLE: every channel of the link was closed while a call was being made."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "agent link closed or re-pointed during the call"
+

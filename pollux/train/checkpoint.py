@@ -44,6 +44,17 @@ log = structlog.get_logger(__name__)
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = "pollux.train/1"
 """Format tag stored in every checkpoint; bumped on incompatible changes."""
+GENERATION_NAME = ".pollux-generation"
+"""The fence file of the environment contract: the launcher writes the newest allocation
+generation that started replicas on the directory (docs/architecture.md §7)."""
+
+
+def owning_generation(directory: Path) -> int | None:
+    """The generation the launcher last started on `directory`, or None if none is recorded."""
+    try:
+        return int((directory / GENERATION_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 class CheckpointManager:
@@ -53,11 +64,18 @@ class CheckpointManager:
         directory: The checkpoint directory (created on first save), or None to disable
             checkpointing (`save` and `load` then do nothing).
         rank: This replica's rank; only rank 0 writes.
+        generation: This replica's allocation generation, or None outside a launcher. A
+            replica refuses to write once a newer generation owns the directory (its fence
+            file says so): a stale replica that outlived its allocation never overwrites the
+            checkpoint the new one trains from.
     """
 
-    def __init__(self, directory: Path | str | None, *, rank: int = 0) -> None:
+    def __init__(
+        self, directory: Path | str | None, *, rank: int = 0, generation: int | None = None
+    ) -> None:
         self.directory = None if directory is None else Path(directory)
         self.rank = rank
+        self.generation = generation
 
     @property
     def enabled(self) -> bool:
@@ -84,6 +102,13 @@ class CheckpointManager:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(str(target), f"cannot create the directory: {exc}") from exc
+        owner = owning_generation(self.directory)
+        if self.generation is not None and owner is not None and owner > self.generation:
+            raise CheckpointError(
+                str(target),
+                f"generation {owner} owns this directory; this replica (generation "
+                f"{self.generation}) is stale and must not write",
+            )
         self._remove_stale_temporaries()
         tmp = self.directory / f".{CHECKPOINT_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         payload = {"format": FORMAT, "created_at": time.time(), "state": state}

@@ -105,6 +105,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
+"""Periodic checkpoint interval unless the job says otherwise: a crash loses minutes, not the
+whole allocation's training, and a save every few minutes costs little next to it."""
+
 _NO_DUTIES = StepDuties(
     interval=1, measure=False, agree=False, pair=False, per_micro=False, collect=False
 )
@@ -207,7 +211,8 @@ class ElasticTrainer:
         checkpoint_dir: Checkpoint directory; default ``POLLUX_CHECKPOINT_DIR``.
         checkpointing: False disables checkpoints even when a directory is configured.
         checkpoint_interval_s: Also checkpoint at the first step boundary after this many
-            seconds (None: only on stop and at the end).
+            seconds, so that a crash (of the replica, its node or its launcher) loses at most
+            this much training; None: only on stop and at the end. Default 5 minutes.
         shuffle: Shuffle map-style datasets each epoch.
         seed: Seed of the data order (same on every replica).
         collate_fn: Batch builder for the loader.
@@ -248,7 +253,7 @@ class ElasticTrainer:
         connect_agent: bool = True,
         checkpoint_dir: Path | str | None = None,
         checkpointing: bool = True,
-        checkpoint_interval_s: float | None = None,
+        checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S,
         shuffle: bool = True,
         seed: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -314,7 +319,11 @@ class ElasticTrainer:
         self.loader.on_empty_step = self._on_empty_step
 
         directory = checkpoint_dir if checkpoint_dir is not None else self.env.checkpoint_dir
-        self.checkpoints = CheckpointManager(directory if checkpointing else None, rank=self.rank)
+        self.checkpoints = CheckpointManager(
+            directory if checkpointing else None,
+            rank=self.rank,
+            generation=self.env.allocation_gen or None,  # 0: not started by a launcher
+        )
         self.checkpoint_interval_s = checkpoint_interval_s
         self._extra: dict[str, Stateful] = dict(extra_state or {})
         self._saved_extra: dict[str, Any] = {}

@@ -24,12 +24,14 @@ class ReportMetricsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., seq: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[_types_pb2.StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[_types_pb2.GradientStats, _Mapping]] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
-    __slots__ = ("applied", "observations")
+    __slots__ = ("applied", "observations", "agents")
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
     applied: bool
     observations: int
-    def __init__(self, applied: _Optional[bool] = ..., observations: _Optional[int] = ...) -> None: ...
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, applied: _Optional[bool] = ..., observations: _Optional[int] = ..., agents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetBatchConfigRequest(_message.Message):
     __slots__ = ("job_id", "num_nodes", "num_replicas")
@@ -42,10 +44,12 @@ class GetBatchConfigRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., num_nodes: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
 
 class GetBatchConfigResponse(_message.Message):
-    __slots__ = ("config",)
+    __slots__ = ("config", "agents")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
     config: _types_pb2.BatchConfig
-    def __init__(self, config: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ...) -> None: ...
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, config: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("job_id",)

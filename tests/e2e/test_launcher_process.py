@@ -111,3 +111,47 @@ async def test_bad_configuration_lists_every_problem_and_exits_2(
     assert "gpus" in output
     assert "etcd.endpoint" in output
     assert (await store.list_nodes())[0] == []
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_replicas_die_with_a_launcher_that_is_killed(
+    etcd: EtcdServer, store: Store, tmp_path: Path
+) -> None:
+    # Otherwise the cluster re-places the job while the orphan keeps training on the same
+    # checkpoint directory: two copies of one job.
+    process = launch(etcd, store, tmp_path, "--gpus", "1")
+    try:
+
+        async def registered() -> bool:
+            return bool((await store.list_nodes())[0])
+
+        await eventually(registered, 15, "the node to register")
+        spec = pb.JobSpec(
+            name="sleep", command=[sys.executable, "-c", "import time; time.sleep(120)"]
+        )
+        await store.create_job(pb.Job(id="j-orphan", request_id="r-orphan", spec=spec))
+        await store.put(
+            store.keys.allocation("j-orphan"), pb.Allocation(nodes=["e2e-node"], generation=1)
+        )
+
+        async def replica_pid() -> int:
+            entries, _ = await store.list_replica_statuses("j-orphan")
+            return entries[0].value.pid if entries else 0
+
+        pid = await eventually(replica_pid, 15, "the replica to run")
+        assert _alive(pid)
+        process.kill()  # kill -9: the launcher gets no chance to stop anything
+        process.wait()
+        await eventually(lambda: not _alive(pid), 10, "the replica to die with its launcher")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

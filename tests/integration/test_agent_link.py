@@ -7,6 +7,7 @@ thread while the agent's grpc.aio server runs on the test's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import grpc
@@ -19,6 +20,7 @@ from pollux.train.gns import GradStats
 from pollux.train.metrics import MetricsBatch, StepObservation
 from pollux.v1 import agent_service_pb2 as api
 from tests.integration.test_agent_service import make_job, running_agent
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,3 +103,25 @@ async def test_an_unreachable_agent_raises_so_the_report_is_retried(etcd, root, 
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         link.close()
+
+
+async def test_a_link_follows_its_job_to_another_agent_without_a_restart(etcd, root, store):
+    await make_job(store)
+    first = contextlib.AsyncExitStack()
+    a = await first.enter_async_context(running_agent(etcd, root, "agent-a"))
+    async with first, running_agent(etcd, root, "agent-b") as b:
+        await eventually(lambda: a.agent.live_agents == {"agent-a", "agent-b"}, 10, "a to see b")
+        # Started when only agent-a was known (as POLLUX_AGENT_ADDR would say).
+        link = AgentLink([a.address], "j-1", timeout_s=10.0, refresh_s=60.0)
+        try:
+            await asyncio.to_thread(link.send, metrics(1, 1, 64))
+            assert sorted(link.addresses) == sorted([a.address, b.address])
+
+            await first.aclose()  # agent-a goes away for good
+            await eventually(lambda: b.agent.live_agents == {"agent-b"}, 10, "b alone")
+            await asyncio.to_thread(link.send, metrics(2, 1, 64))  # reaches agent-b
+            assert link.addresses == [b.address]
+            model = (await b.stub.GetModel(api.GetModelRequest(job_id="j-1"))).model
+            assert model.observations == 10  # both reports, whichever agent took them
+        finally:
+            link.close()

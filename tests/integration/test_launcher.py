@@ -183,6 +183,8 @@ async def test_replicas_start_with_the_environment_contract(
         ports.add(env["MASTER_PORT"])
     assert len(ports) == 1
     assert (tmp_path / "checkpoints" / "j-env").is_dir()
+    # The directory is fenced for generation 1 before its replicas start.
+    assert (tmp_path / "checkpoints" / "j-env" / ".pollux-generation").read_text() == "1\n"
 
     running = await statuses(store, "j-env")
     assert all(s.pid > 0 and s.node == "n1" for s in running.values())
@@ -223,6 +225,33 @@ async def test_exit_codes_are_reported(
     seen = app.launcher.passes
     await eventually(lambda: app.launcher.passes >= seen + 2, 10, "two reconcile passes")
     assert len([r for r in app.launcher.replicas() if r.job_id == "j-bad"]) == 1
+
+
+NUL_SPECS = {
+    "command": {"command": [sys.executable, "-c", "print('a\x00b')"]},
+    "env value": {"command": [sys.executable, "-c", "pass"], "env": {"TOKEN": "a\x00b"}},
+    "working dir": {"command": [sys.executable, "-c", "pass"], "working_dir": "/tmp/a\x00b"},
+}
+
+
+@pytest.mark.parametrize("where", sorted(NUL_SPECS), ids=lambda w: f"NUL byte in the {w}")
+async def test_a_replica_that_cannot_start_fails_cleanly_and_frees_its_slot(
+    app: LauncherApp, store: Store, script: Path, out: Path, where: str
+) -> None:
+    # Such a spec never passes the scheduler's validation; written straight to etcd (or by an
+    # older scheduler), the launcher must still fail the replica, not leak its slot.
+    spec = pb.JobSpec(name="nul", **NUL_SPECS[where])
+    await store.create_job(pb.Job(id="j-nul", request_id="req-nul", spec=spec))
+    await allocate(store, "j-nul", "n1", "n1", generation=1)  # both slots
+    await eventually(phases_are(store, "j-nul", {0: (1, "exited"), 1: (1, "exited")}))
+    assert {s.exit_code for s in (await statuses(store, "j-nul")).values()} == {127}
+    failed = app.launcher.find("j-nul", 0)
+    assert failed is not None
+    assert "cannot start" in failed.log.tail(0)[0][0]
+    # Both slots are free again: a two-replica job starts on them.
+    await submit(store, "j-next", script, out)
+    await allocate(store, "j-next", "n1", "n1", generation=1)
+    await eventually(phases_are(store, "j-next", {0: (1, "running"), 1: (1, "running")}))
 
 
 async def test_generation_change_stops_old_replicas_before_starting_new_ones(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
@@ -15,6 +17,7 @@ from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import FenceLost, Put, Store
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -119,6 +122,38 @@ async def test_bad_spec_is_rejected_with_every_field_and_nothing_stored(
     } <= fields
     jobs, _ = await store.list_jobs()
     assert jobs == []
+
+
+async def test_an_oversized_spec_is_refused_and_nothing_stored(
+    replica: Replica, store: Store
+) -> None:
+    # 1.5 MB of environment: one such job made every round exceed etcd's request limit.
+    big = spec("big")
+    big.env.update({f"V{i}": "x" * 15_000 for i in range(100)})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=big, request_id="r-big"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 65536" in (caught.value.details() or "")
+    assert (await store.list_jobs())[0] == []
+
+
+async def test_list_pages_are_bounded_in_bytes(replica: Replica) -> None:
+    ids = []
+    for i in range(40):  # 40 jobs of ~60 KB: 2.4 MB, more than one page may carry
+        heavy = spec(f"heavy-{i}")
+        heavy.env["PAYLOAD"] = "x" * 60_000
+        reply = await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=heavy, request_id=f"h-{i}"))
+        ids.append(reply.job.id)
+    first = await replica.stub.ListJobs(spb.ListJobsRequest(page_size=1000))
+    assert 1 <= len(first.jobs) < 40
+    assert first.ByteSize() <= 2 * 1024 * 1024 + 64 * 1024
+    seen = [j.id for j in first.jobs]
+    token = first.next_page_token
+    while token:
+        page = await replica.stub.ListJobs(spb.ListJobsRequest(page_size=1000, page_token=token))
+        seen.extend(j.id for j in page.jobs)
+        token = page.next_page_token
+    assert seen == ids
 
 
 async def test_unknown_job_is_not_found_and_empty_id_invalid(replica: Replica) -> None:
@@ -348,3 +383,39 @@ async def test_expired_lease_fences_a_paused_leader(store: Store) -> None:
         await store.txn([Put(store.keys.job("late"), b"")], fence=fence)
     assert await store.get_job("late") is None
     await session.close(revoke=False)
+
+
+async def test_a_standby_whose_watch_never_fires_still_takes_over_within_two_ttls(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    # After an etcd restart aetcd can attach a watch to the wrong request, so the delete of the
+    # leader key never arrives; the standby must find out from etcd itself.
+    first = LeaseSession(store, 2, holder="leader")
+    await first.start()
+    await Election(first, pb.Member(id="first")).campaign()
+    standby_store = await Store.connect(etcd.endpoint, root)
+
+    async def deaf_watch(prefix: bytes, *, start_revision: int) -> AsyncIterator[Any]:
+        await asyncio.Event().wait()  # never delivers anything
+        yield  # pragma: no cover - makes this an async generator
+
+    standby_store.watch = deaf_watch  # type: ignore[method-assign]
+    second = LeaseSession(standby_store, 2, holder="leader")
+    await second.start()
+    try:
+        campaign = asyncio.create_task(Election(second, pb.Member(id="second")).campaign())
+        await eventually(lambda: _has_two_candidates(store), 5, "the standby to campaign")
+        assert not campaign.done()
+        started = asyncio.get_running_loop().time()
+        await first.close(revoke=True)  # the leader goes away
+        fence = await asyncio.wait_for(campaign, timeout=10)
+        assert fence.key == store.keys.leader(second.lease_id)
+        assert asyncio.get_running_loop().time() - started <= 2 * second.ttl_s + 1
+    finally:
+        await second.close()
+        await standby_store.close()
+
+
+async def _has_two_candidates(store: Store) -> bool:
+    entries, _ = await store.scan(store.keys.prefix(Kind.LEADER), pb.Member)
+    return len(entries) == 2

@@ -37,6 +37,7 @@ FAILURES: dict[str, Exception] = {
     "missing": NotFound("no replica of job 'missing' here"),
     "bad": InvalidArgument([("rank", "must be >= 0"), ("tail_lines", "must be >= 0")]),
     "bug": ValueError("an unexpected bug"),
+    "huge": InvalidArgument([(f"spec.env[{'K' * 100_000}{i}]", "x" * 100_000) for i in range(100)]),
 }
 WANT_CODE = {
     "fence": grpc.StatusCode.UNAVAILABLE,
@@ -45,6 +46,7 @@ WANT_CODE = {
     "missing": grpc.StatusCode.NOT_FOUND,
     "bad": grpc.StatusCode.INVALID_ARGUMENT,
     "bug": grpc.StatusCode.INTERNAL,
+    "huge": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 
@@ -190,5 +192,39 @@ async def test_health_checks_pass_through_unobserved() -> None:
                 reply = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         assert not [e for e in logs if e["event"] == "rpc"]
+    finally:
+        await app.stop()
+
+
+async def test_an_error_that_echoes_huge_input_stays_within_the_metadata_limit(
+    stub: lgrpc.LauncherServiceStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ListReplicas(lpb.ListReplicasRequest(job_id="huge"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(caught.value.details() or "") <= 1024
+    assert (caught.value.details() or "").endswith("…")
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    detail = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(detail)
+    assert len(detail.field_violations) == 12
+
+
+async def test_an_undecodable_request_is_invalid_argument_not_unknown() -> None:
+    app = make_app()
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(app.address) as channel:
+            raw = channel.unary_unary(f"/{SERVICE}/ListReplicas")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await raw(b"\xff\xff\xff\xff")
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid ListReplicasRequest" in (caught.value.details() or "")
+            stream = channel.unary_stream(f"/{SERVICE}/StreamLogs")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in stream(b"\xff\xff\xff\xff"):
+                    pass
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await app.stop()

@@ -58,6 +58,22 @@ def test_only_rank_zero_writes_and_none_disables(tmp_path):
     assert off.load() is None
 
 
+def test_a_stale_generation_never_overwrites_the_newer_generations_checkpoint(tmp_path):
+    from pollux.launcher.launcher import fence_checkpoint_dir
+
+    old, new = CheckpointManager(tmp_path, generation=2), CheckpointManager(tmp_path, generation=3)
+    assert old.save({"step": 10}) is not None  # nothing recorded yet: writes
+    fence_checkpoint_dir(tmp_path, 3)  # what the launcher does before generation 3 starts
+    assert new.save({"step": 11}) is not None
+    with pytest.raises(CheckpointError, match="generation 3 owns this directory"):
+        old.save({"step": 99})
+    assert CheckpointManager(tmp_path).load() == {"step": 11}
+    fence_checkpoint_dir(tmp_path, 2)  # a late, older launch never lowers the fence
+    assert (tmp_path / ".pollux-generation").read_text().strip() == "3"
+    # Outside a launcher (no generation) the fence does not apply.
+    assert CheckpointManager(tmp_path).save({"step": 12}) is not None
+
+
 def test_partial_temporary_file_is_ignored_and_cleaned_up(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save({"step": 1})

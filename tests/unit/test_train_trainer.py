@@ -116,6 +116,16 @@ def test_a_periodic_checkpoint_that_fails_is_logged_and_training_goes_on(tmp_pat
     t.close()
 
 
+def test_periodic_checkpoints_are_on_by_default_every_few_minutes(tmp_path):
+    t = trainer(tmp_path)
+    assert t.checkpoint_interval_s is not None
+    assert 60 <= t.checkpoint_interval_s <= 600
+    t.close()
+    off = trainer(tmp_path, checkpoint_interval_s=None)
+    assert off.checkpoint_interval_s is None
+    off.close()
+
+
 def test_the_agent_fills_only_what_the_caller_left_unset():
     env = TrainEnv(agent_addr="127.0.0.1:9")  # nothing listens: the link never blocks training
     fixed = FixedBatchConfig(BatchConfig(local_bsz=4))

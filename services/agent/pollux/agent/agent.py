@@ -32,10 +32,17 @@ from pollux.agent.profile import (
 )
 from pollux.goodput import GoodputError
 from pollux.service import ownership
-from pollux.service.errors import FailedPrecondition, NotFound, Unavailable
+from pollux.service.errors import FailedPrecondition, NotFound, Unavailable, shown
 from pollux.service.keys import Kind
 from pollux.service.session import LeasedRegistration
-from pollux.service.store import Conflict, Entry, Store, StoreError, cancel_and_wait
+from pollux.service.store import (
+    Conflict,
+    Entry,
+    Store,
+    StoreError,
+    cancel_and_wait,
+    decode,
+)
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -101,6 +108,8 @@ class Agent:
         self._address = ""
         self._registration: LeasedRegistration | None = None
         self._live: frozenset[str] = frozenset()
+        self._addresses: dict[str, str] = {}
+        """Live agent id → address, as the membership watch last saw them."""
         self._cache: dict[str, _Cached] = {}
         self._last_fit: dict[str, float] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -126,7 +135,8 @@ class Agent:
         await registration.start()
         self._registration = registration
         entries, revision = await self._store.list_agents()
-        self._set_live(frozenset(e.value.id for e in entries))
+        self._addresses = {e.value.id: e.value.address for e in entries}
+        self._set_live(frozenset(self._addresses))
         self._tasks = [
             asyncio.create_task(self._watch_members(revision), name=f"agent-members-{self.id}"),
         ]
@@ -147,17 +157,17 @@ class Agent:
 
     async def _watch_members(self, revision: int) -> None:
         prefix = self._store.keys.prefix(Kind.AGENTS)
-        live = set(self._live)
         while True:
             try:
                 async for event in self._store.watch(prefix, start_revision=revision + 1):
                     agent_id = self._store.keys.name_of(event.key, Kind.AGENTS)
                     if event.value is None:
-                        live.discard(agent_id)
+                        self._addresses.pop(agent_id, None)
                     else:
-                        live.add(agent_id)
+                        member = decode(pb.Member, event.value, event.key)
+                        self._addresses[agent_id] = member.address
                     revision = event.revision
-                    self._set_live(frozenset(live))
+                    self._set_live(frozenset(self._addresses))
             except StoreError as error:  # compacted (or unreachable): re-list, then watch again
                 log.warning("agent_membership_relist", error=str(error))
                 try:
@@ -165,8 +175,12 @@ class Agent:
                 except StoreError:
                     await asyncio.sleep(1.0)
                     continue
-                live = {e.value.id for e in entries}
-                self._set_live(frozenset(live))
+                self._addresses = {e.value.id: e.value.address for e in entries}
+                self._set_live(frozenset(self._addresses))
+
+    def agents_for(self, job_id: str) -> list[str]:
+        """Addresses of the live agents in the job's rendezvous order (its owner first)."""
+        return [self._addresses[i] for i in ownership.ranked(job_id, self._addresses)]
 
     def _set_live(self, live: frozenset[str]) -> None:
         if live == self._live:
@@ -216,7 +230,7 @@ class Agent:
         if job is None:
             self._forget(job_id)
             self._last_fit.pop(job_id, None)
-            raise NotFound(f"job {job_id!r} not found")
+            raise NotFound(f"job {shown(job_id)} not found")
         profile = await self._store.get_profile(job_id)
         # Read after the profile: the model is then at least as new as it, and the profile's
         # compare-and-swap guarantees it is exactly the one written with it.
@@ -250,7 +264,7 @@ class Agent:
             self._forget(job_id)
             if error.key == self._store.keys.job(job_id):
                 self._last_fit.pop(job_id, None)
-                raise NotFound(f"job {job_id!r} not found (deleted)") from error
+                raise NotFound(f"job {shown(job_id)} not found (deleted)") from error
             return None
         created = state.profile.create_revision if state.profile is not None else revision
         entry = Entry(profile, revision, created)
@@ -317,7 +331,7 @@ class Agent:
                 return ReportOutcome(
                     True, observation_count(merge.profile), fit_seconds, fit_failed, attempt
                 )
-        raise Unavailable(f"job {job_id!r}: profile changed concurrently {MAX_ATTEMPTS} times")
+        raise Unavailable(f"job {shown(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times")
 
     def _fit_due(
         self,
@@ -360,7 +374,7 @@ class Agent:
                         hysteresis=self._config.hysteresis,
                     )
                 except (BatchConfigError, GoodputError) as error:
-                    raise FailedPrecondition(f"job {job_id!r}: {error}") from error
+                    raise FailedPrecondition(f"job {shown(job_id)}: {error}") from error
                 if last is not None and _same_batch(last, config):
                     return config
                 updated = pb.ObservationProfile()
@@ -378,7 +392,7 @@ class Agent:
                     )
                     return config
                 await self._back_off(attempt)
-        raise Unavailable(f"job {job_id!r}: profile changed concurrently {MAX_ATTEMPTS} times")
+        raise Unavailable(f"job {shown(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times")
 
     async def get_model(self, job_id: str) -> pb.JobModel:
         """The job's latest published model, read from etcd.
@@ -390,8 +404,8 @@ class Agent:
         if entry is not None:
             return entry.value
         if await self._store.get_job(job_id) is None:
-            raise NotFound(f"job {job_id!r} not found")
-        raise NotFound(f"job {job_id!r} has no model yet: no metrics have been reported")
+            raise NotFound(f"job {shown(job_id)} not found")
+        raise NotFound(f"job {shown(job_id)} has no model yet: no metrics have been reported")
 
 
 def _same_batch(a: pb.BatchConfig, b: pb.BatchConfig) -> bool:

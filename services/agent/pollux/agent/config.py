@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pollux.service.config import EtcdConfig, ServerConfig
 
-_AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 def default_agent_id() -> str:
@@ -52,7 +52,7 @@ class AgentConfig:
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem" (nested sections check themselves)."""
         out = []
-        if not _AGENT_ID.match(self.agent_id):
+        if not _AGENT_ID.fullmatch(self.agent_id):
             out.append(
                 f"agent_id: {self.agent_id!r} must be 1-253 characters of [A-Za-z0-9._-] "
                 "starting with a letter or digit"

@@ -67,7 +67,11 @@ class AgentServicer(api_grpc.AgentServiceServicer):
             fit_s=None if outcome.fit_seconds is None else round(outcome.fit_seconds, 4),
             attempts=outcome.attempts,
         )
-        return api.ReportMetricsResponse(applied=outcome.applied, observations=outcome.observations)
+        return api.ReportMetricsResponse(
+            applied=outcome.applied,
+            observations=outcome.observations,
+            agents=self._agent.agents_for(request.job_id),
+        )
 
     async def GetBatchConfig(
         self, request: api.GetBatchConfigRequest, context: Context
@@ -93,7 +97,9 @@ class AgentServicer(api_grpc.AgentServiceServicer):
             accum_steps=config.accum_steps,
             speedup=round(config.predicted_speedup, 3),
         )
-        return api.GetBatchConfigResponse(config=config)
+        return api.GetBatchConfigResponse(
+            config=config, agents=self._agent.agents_for(request.job_id)
+        )
 
     async def GetModel(
         self, request: api.GetModelRequest, context: Context

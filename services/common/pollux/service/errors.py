@@ -24,6 +24,23 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 
+MAX_MESSAGE_CHARS = 1024
+"""A status message is cut to this length: it travels in a trailer (8 KiB by default)."""
+MAX_VIOLATIONS = 12
+"""At most this many field violations are detailed (the message says how many more)."""
+MAX_FIELD_CHARS = 100
+MAX_PROBLEM_CHARS = 200
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """`value` quoted for an error message, cut to `limit` characters (it may be user input)."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"… ({len(value)} chars)"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class ServiceError(Exception):
     """An error to return to the client with a status code."""
 
@@ -94,16 +111,31 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
     """The status code, message and `google.rpc` details a failed RPC returns for `error`.
 
     A lost fence is UNAVAILABLE (retry: another replica leads now) and a lost compare is
-    ABORTED (re-read and retry); anything untyped is INTERNAL, named but never hidden.
+    ABORTED (re-read and retry); anything untyped is INTERNAL, named but never hidden. The
+    message and details are bounded whatever the error holds, so echoing user input can never
+    exceed gRPC's metadata limit.
     """
+    code, message, details = _status_of(error)
+    return code, _cut(message, MAX_MESSAGE_CHARS), details
+
+
+def _status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
     if isinstance(error, InvalidArgument):
+        violations = error.violations[:MAX_VIOLATIONS]
         detail = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=f, description=p)
-                for f, p in error.violations
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=_cut(f, MAX_FIELD_CHARS), description=_cut(p, MAX_PROBLEM_CHARS)
+                )
+                for f, p in violations
             ]
         )
-        return error.code, error.message, [detail]
+        text = "; ".join(
+            f"{_cut(f, MAX_FIELD_CHARS)}: {_cut(p, MAX_PROBLEM_CHARS)}" for f, p in violations
+        )
+        more = len(error.violations) - len(violations)
+        suffix = f" (and {more} more)" if more else ""
+        return error.code, f"invalid request: {text}{suffix}", [detail]
     if isinstance(error, ServiceError):
         return error.code, error.message, []
     if isinstance(error, StoreUnavailable):

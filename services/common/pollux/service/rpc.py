@@ -6,7 +6,9 @@ or log plumbing themselves. For each call of a `pollux.*` service it
 
 - binds ``rpc`` (the method) and, when the request names them, ``job_id`` / ``node_id`` in the
   log context, so every line the handler logs carries them;
-- maps an escaping exception to a gRPC status with `errors.status_of` (the only table);
+- maps an escaping exception to a gRPC status with `errors.status_of` (the only table), and a
+  request that does not decode as its message type to INVALID_ARGUMENT (grpc would say
+  UNKNOWN);
 - emits one canonical ``rpc`` line with the method, status code, duration and whatever the
   handler added with `annotate`, at info for outcomes the caller caused (OK, bad or missing
   input) and warning (error, with the traceback, for INTERNAL) otherwise;
@@ -30,7 +32,7 @@ import grpc
 import prometheus_client
 import structlog
 
-from pollux.service.errors import abort, status_of
+from pollux.service.errors import InvalidArgument, abort, status_of
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +59,32 @@ def annotate(**fields: Any) -> None:
     line = _line.get()
     if line is not None:
         line.update(fields)
+
+
+class _Undecodable:
+    """What a request that failed to decode becomes, so the call can answer INVALID_ARGUMENT."""
+
+    def __init__(self, kind: str, error: Exception) -> None:
+        self.problem = f"not a valid {kind} message ({type(error).__name__})"
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    kind = getattr(getattr(deserializer, "__self__", None), "__name__", "request")
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as error:  # DecodeError, or whatever the parser raises
+            return _Undecodable(kind, error)
+
+    return parse
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument([("request", request.problem)])
 
 
 def _ids(request: Any) -> dict[str, str]:
@@ -137,13 +165,13 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _unary(short, method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 _stream(short, method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -158,6 +186,7 @@ def _unary(
         try:
             with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
                 try:
+                    _check_decoded(request)
                     return await inner(request, context)
                 except BaseException as error:
                     await call.fail(context, error)
@@ -182,6 +211,7 @@ def _stream(
         try:
             with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
                 try:
+                    _check_decoded(request)
                     if inspect.isasyncgenfunction(inner):
                         async for item in inner(request, context):
                             sent += 1

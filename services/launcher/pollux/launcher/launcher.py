@@ -39,7 +39,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,30 @@ LEASE_LOSSES = prometheus_client.Counter(
 
 _PORT_PROBES = 64
 """Most MASTER_PORT candidates probed before giving up and using the derived one."""
+
+
+GENERATION_FILE = ".pollux-generation"
+"""The checkpoint directory's fence file (docs/architecture.md §7): the newest generation
+started on it. pollux.train refuses to write a checkpoint for an older generation."""
+
+
+def fence_checkpoint_dir(directory: Path, generation: int) -> None:
+    """Record `generation` as the owner of `directory`, unless a newer one already is.
+
+    Written before the generation's replicas start (atomically: temporary name, rename), so a
+    replica of an older generation that is still running somewhere can no longer overwrite
+    the checkpoint the new generation resumes from.
+    """
+    path = directory / GENERATION_FILE
+    try:
+        current = int(path.read_text().strip())
+    except (OSError, ValueError):
+        current = -1
+    if current >= generation:
+        return
+    tmp = directory / f"{GENERATION_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(f"{generation}\n")
+    os.replace(tmp, path)
 
 
 class NodeNameInUseError(ConfigError):
@@ -461,6 +485,7 @@ class Launcher:
         agent_addrs = [m.address for m in ranked(job_id, [a.value for a in agents], key=_id)]
         checkpoint_dir = self.config.checkpoint_root / job_id
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        fence_checkpoint_dir(checkpoint_dir, generation)
         grace = float(spec.stop_grace_s or self.config.default_stop_grace_s)
         replicas = [
             Replica(
@@ -492,21 +517,24 @@ class Launcher:
         for plan, replica in zip(plans, replicas, strict=True):
             replica.status_revision = revision
             self._replicas[replica.key] = replica
-            contract = contract_env(
-                plan,
-                job_id=job_id,
-                generation=generation,
-                agent_addrs=agent_addrs,
-                checkpoint_dir=str(checkpoint_dir),
-                cuda=self.inventory.cuda,
-            )
-            launch = LaunchSpec(
-                command=list(spec.command),
-                env=replica_env(self._environ, spec, contract),
-                cwd=spec.working_dir or _optional(self.config.default_working_dir),
-                log_path=self.config.log_root / job_id / f"{generation}-{plan.rank}.log",
-            )
-            self._spawn(self._supervise(replica, launch))
+
+            def prepare(plan: ReplicaPlan = plan) -> LaunchSpec:
+                contract = contract_env(
+                    plan,
+                    job_id=job_id,
+                    generation=generation,
+                    agent_addrs=agent_addrs,
+                    checkpoint_dir=str(checkpoint_dir),
+                    cuda=self.inventory.cuda,
+                )
+                return LaunchSpec(
+                    command=list(spec.command),
+                    env=replica_env(self._environ, spec, contract),
+                    cwd=spec.working_dir or _optional(self.config.default_working_dir),
+                    log_path=self.config.log_root / job_id / f"{generation}-{plan.rank}.log",
+                )
+
+            self._spawn(self._supervise(replica, prepare))
         self._log.info(
             "replicas_launching",
             job_id=job_id,
@@ -590,9 +618,18 @@ class Launcher:
             task.add_done_callback(lambda _: self._stops.pop(replica.key, None))
         return task
 
-    async def _supervise(self, replica: Replica, launch: LaunchSpec) -> None:
-        """Run one replica to its reported exit."""
-        await replica.start(launch)
+    async def _supervise(self, replica: Replica, prepare: Callable[[], LaunchSpec]) -> None:
+        """Prepare and run one replica to its reported exit.
+
+        Any exception while preparing or starting it is a clean replica failure: the replica
+        exits with `SPAWN_FAILED` (its slot is free again), the exit is reported like any other,
+        and the launcher's loops go on.
+        """
+        try:
+            await replica.start(prepare())
+        except Exception as error:
+            self._log.exception("replica_start_crashed", job_id=replica.job_id, rank=replica.rank)
+            replica.fail_to_start(f"cannot start the replica: {type(error).__name__}: {error}")
         if replica.pid:
             REPLICAS_STARTED.inc()
             with contextlib.suppress(StoreError):  # the pid is informative; the exit is not

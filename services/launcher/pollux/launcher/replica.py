@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import os
+import shutil
 import signal
 import time
 from collections import deque
@@ -41,6 +43,13 @@ _CHUNK_LINES = 512
 """Most lines per follow batch (one StreamLogs message)."""
 _DRAIN_S = 5.0
 """How long output is drained after the process exits."""
+_SHOWN_CHARS = 512
+"""A command is quoted in messages up to this length (it is user input)."""
+
+
+def _shown(command: Sequence[str]) -> str:
+    text = repr(list(command))
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
 class LogRing:
@@ -137,6 +146,37 @@ class LaunchSpec:
     log_path: Path
 
 
+_SETPRIV = shutil.which("setpriv")
+"""util-linux's setpriv, which starts a command with a parent-death signal (PR_SET_PDEATHSIG)."""
+
+
+def with_launcher_fence(spec: LaunchSpec) -> list[str]:
+    """The argv that runs `spec.command` so that it dies with its launcher.
+
+    A replica runs in its own session (its process group is signalled as a whole), so nothing
+    would stop it if its launcher were killed: the cluster would re-place the job while the old
+    replica kept training on the same checkpoint directory. Started through ``setpriv
+    --pdeathsig KILL``, it gets SIGKILL the moment the launcher process ends (periodic
+    checkpoints bound what that loses). Where setpriv is missing the command runs as is.
+
+    Raises:
+        FileNotFoundError: The program does not exist or is not executable (checked here, so
+            the replica's log says so plainly rather than in setpriv's words).
+    """
+    program = spec.command[0]
+    found: str | None
+    if "/" in program:
+        path = os.path.join(spec.cwd or os.getcwd(), program)
+        found = path if os.access(path, os.X_OK) and not os.path.isdir(path) else None
+    else:
+        found = shutil.which(program, path=spec.env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "no such executable program", program)
+    if _SETPRIV is None:
+        return list(spec.command)
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *spec.command]
+
+
 class Replica:
     """A job replica on this node, from start to reported exit.
 
@@ -228,14 +268,14 @@ class Replica:
         try:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             sink = spec.log_path.open("a", encoding="utf-8", errors="replace")
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
             self.log.append(f"pollux-launcher: cannot open {spec.log_path}: {error}")
             self._log.error("replica_log_unwritable", error=str(error))
             self._finish(SPAWN_FAILED)
             return
         try:
             self._process = await asyncio.create_subprocess_exec(
-                *spec.command,
+                *with_launcher_fence(spec),
                 env=dict(spec.env),
                 cwd=spec.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -243,8 +283,10 @@ class Replica:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
-        except OSError as error:
-            message = f"pollux-launcher: cannot start {list(spec.command)!r}: {error}"
+        except Exception as error:
+            # Whatever the exec refused (a missing program or working dir, a NUL byte in an
+            # argument, the environment or the working dir), the replica failed to start.
+            message = f"pollux-launcher: cannot start {_shown(spec.command)}: {error}"
             sink.write(message + "\n")
             sink.close()
             self.log.append(message)
@@ -295,6 +337,17 @@ class Replica:
             self.log.append(line)
             sink.write(line + "\n")
         sink.flush()
+
+    def fail_to_start(self, reason: str) -> None:
+        """Mark a replica that could not be started as exited with `SPAWN_FAILED`.
+
+        For failures outside `start` itself (the launcher's own preparation); a replica that
+        already exited keeps its code. Its slot is free from here on.
+        """
+        if self.exit_code is None:
+            self.log.append(f"pollux-launcher: {reason}")
+            self._finish(SPAWN_FAILED)
+        self._started.set()
 
     def _finish(self, code: int) -> None:
         self.exit_code = code

@@ -15,7 +15,7 @@ import structlog
 
 from pollux.launcher.launcher import Launcher
 from pollux.launcher.replica import batches
-from pollux.service.errors import NotFound, Violations
+from pollux.service.errors import NotFound, Violations, shown
 from pollux.service.rpc import annotate
 from pollux.v1 import launcher_service_pb2 as lpb
 
@@ -52,7 +52,7 @@ class LauncherServicer:
         replica = self._launcher.find(request.job_id, request.rank)
         if replica is None:
             raise NotFound(
-                f"no replica of job {request.job_id!r} with rank {request.rank} on node "
+                f"no replica of job {shown(request.job_id)} with rank {request.rank} on node "
                 f"{self._launcher.node_name!r}; ListReplicas shows the ones here"
             )
         annotate(rank=request.rank, generation=replica.generation, follow=request.follow)

@@ -1,7 +1,8 @@
 """Leader election and fencing for scheduler replicas, after etcd's `concurrency` package.
 
 The replica's `LeaseSession` (pollux.service.session: one lease kept alive and one rule for when
-it is lost, shared with agent and node registration) backs the election key.
+it is lost, shared with agent and node registration) backs the election key. A standby never
+trusts its watch alone: it re-reads the election at least once per lease ttl.
 `Election.campaign()` puts ``<root>/leader/<lease-hex>`` with the lease (create-if-absent) and
 waits until no key with a lower create revision remains: the lowest create revision leads. It
 returns a `Fence` — the key and its create revision — that every leader write carries, so etcd
@@ -63,7 +64,14 @@ class Election:
             await self._wait_deleted(predecessor.value.id, predecessor.create_revision, revision)
 
     async def _wait_deleted(self, member_id: str, create_revision: int, revision: int) -> None:
-        """Wait until the key with `create_revision` is gone (or the session is lost)."""
+        """Wait until a leader key is deleted, the session is lost, or one ttl has passed.
+
+        The watch is only a hint: after an etcd restart a watch can end up attached to another
+        request and never deliver the delete (aetcd pairs create replies with whichever create
+        is pending). So a standby re-reads the election from etcd at least once per lease ttl
+        with a new watch, whatever its watch says; a dead leader's key is gone within a ttl,
+        so a standby takes over within about two.
+        """
         store = self.store
         prefix = store.keys.prefix(Kind.LEADER)
 
@@ -76,7 +84,9 @@ class Election:
         lost = asyncio.create_task(self.session.lost.wait())
         log.info("election_waiting", behind=member_id, behind_revision=create_revision)
         try:
-            await asyncio.wait({watcher, lost}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {watcher, lost}, timeout=self.session.ttl_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for task in (watcher, lost):
                 await cancel_and_wait(task)

@@ -47,6 +47,33 @@ ROUND_SECONDS = Histogram("pollux_scheduler_round_seconds", "Round duration", ["
 LEADER = Gauge("pollux_scheduler_is_leader", "1 while this replica leads")
 JOBS_PER_TXN = 40
 """Jobs per commit transaction: 2 ops each stays under etcd's default 128 ops per txn."""
+BYTES_PER_TXN = 1024 * 1024
+"""Value bytes per commit transaction, under etcd's default 1.5 MiB request limit. A job
+record is bounded (its spec by SubmitJob validation), so one job always fits."""
+
+Group = tuple[list[Put | Delete], list[Expect]]
+
+
+def chunked(groups: list[Group], *, max_jobs: int, max_bytes: int) -> list[list[Group]]:
+    """Split per-job write groups into transactions by count and by bytes, in order.
+
+    A group is never split (a job's record and allocation change together); a group larger
+    than `max_bytes` alone makes a transaction of its own.
+    """
+    out: list[list[Group]] = []
+    current: list[Group] = []
+    size = 0
+    for group in groups:
+        ops, _ = group
+        weight = sum(len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in ops)
+        if current and (len(current) >= max_jobs or size + weight > max_bytes):
+            out.append(current)
+            current, size = [], 0
+        current.append(group)
+        size += weight
+    if current:
+        out.append(current)
+    return out
 
 
 def make_policy(name: str, restart_delay_s: float) -> Policy:
@@ -233,7 +260,7 @@ class Scheduler:
 
     async def _commit(self, plan: RoundPlan, fence: Fence, number: int) -> None:
         keys = self.store.keys
-        groups: list[tuple[list[Put | Delete], list[Expect]]] = []
+        groups: list[Group] = []
         for job, expected in plan.jobs:
             ops: list[Put | Delete] = [Put(keys.job(job.id), job.SerializeToString())]
             if job.id in plan.allocations:
@@ -244,9 +271,8 @@ class Scheduler:
                     ops.append(Put(keys.allocation(job.id), allocation.SerializeToString()))
             groups.append((ops, [Expect(keys.job(job.id), expected)]))
         # Each job's record and allocation change together; a round's jobs are committed in
-        # chunks (etcd limits ops per txn), every chunk fenced. The decision goes last.
-        for start in range(0, len(groups), JOBS_PER_TXN):
-            chunk = groups[start : start + JOBS_PER_TXN]
+        # chunks (etcd limits ops and bytes per txn), every chunk fenced. The decision goes last.
+        for chunk in chunked(groups, max_jobs=JOBS_PER_TXN, max_bytes=BYTES_PER_TXN):
             await self.store.txn(
                 [op for ops, _ in chunk for op in ops],
                 expect=[e for _, exp in chunk for e in exp],

@@ -22,7 +22,7 @@ import structlog
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.validation import normalised, validate_submit
-from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound
+from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from pollux.service.keys import Kind
 from pollux.service.store import Conflict, Store, decode
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -31,6 +31,9 @@ from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+MAX_PAGE_BYTES = 2 * 1024 * 1024
+"""A ListJobs page ends before this many bytes of jobs (gRPC's default limit is 4 MiB): a
+page holds `page_size` jobs or fewer, and always at least one."""
 
 
 def _page_token(job: pb.Job) -> str:
@@ -84,7 +87,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             raise InvalidArgument([("job_id", "required")])
         entry = await self.store.get_job(job_id)
         if entry is None:
-            raise NotFound(f"job {job_id!r} not found (pollux-cli ls lists jobs)")
+            raise NotFound(f"job {shown(job_id)} not found (pollux-cli ls lists jobs)")
         return entry.value, entry.mod_revision
 
     async def SubmitJob(
@@ -151,8 +154,15 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             and all(j.spec.labels.get(k) == v for k, v in request.labels.items())
             and (after is None or _order(j) > after)
         ]
-        page = selected[:size]
-        token = _page_token(page[-1]) if len(selected) > size else ""
+        page: list[pb.Job] = []
+        total = 0
+        for job in selected:
+            weight = job.ByteSize()
+            if len(page) >= size or (page and total + weight > MAX_PAGE_BYTES):
+                break
+            page.append(job)
+            total += weight
+        token = _page_token(page[-1]) if len(selected) > len(page) else ""
         return spb.ListJobsResponse(jobs=page, next_page_token=token)
 
     async def CancelJob(
@@ -206,7 +216,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             last[self.store.keys.job(entry.value.id)] = entry.value
             yield spb.WatchJobsResponse(job=entry.value)
         if request.job_id and not last:
-            raise NotFound(f"job {request.job_id!r} not found")
+            raise NotFound(f"job {shown(request.job_id)} not found")
         prefix = (
             self.store.keys.job(request.job_id)
             if request.job_id

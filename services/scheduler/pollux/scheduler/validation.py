@@ -1,57 +1,125 @@
 """Complete validation of a submitted job, before anything is stored.
 
 Every problem is reported at once, with the field path and what to do about it; the servicer
-turns the list into INVALID_ARGUMENT with a google.rpc.BadRequest detail.
+turns the list into INVALID_ARGUMENT with a google.rpc.BadRequest detail. Input is bounded
+everywhere: the whole spec by `MAX_SPEC_BYTES` (so that a round's transaction, which carries
+many job records, stays far below etcd's request limit), every string by the characters it may
+hold (no NUL, which no process can receive, and no control characters outside free text), and
+enums by their known values. Regexes match whole strings (``fullmatch``: ``$`` would accept a
+trailing newline), and messages quote user input only cut short (`errors.shown`).
 """
 
 from __future__ import annotations
 
 import re
 
-from pollux.service.errors import Violations
+from pollux.service.errors import Violations, shown
 from pollux.v1 import types_pb2 as pb
 
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,63}")
 MAX_BATCH = 1 << 24
-MAX_COMMAND_BYTES = 64 * 1024
+MAX_SPEC_BYTES = 64 * 1024
+"""Serialized JobSpec size limit: etcd takes 1.5 MiB per request, a round commits many jobs."""
+MAX_COMMAND_BYTES = 32 * 1024
+MAX_ENV = 512
+MAX_LABELS = 64
+MAX_LABEL_VALUE = 256
+MAX_PATH = 4096
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+"""Control characters, except tab and newline (allowed in arguments and values)."""
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9._/-]{1,64}")
+
+
+def _key_path(prefix: str, key: str) -> str:
+    """``spec.env[NAME]`` for a plain key; a key that is not plain is quoted and cut."""
+    return f"{prefix}[{key}]" if _PLAIN_KEY.fullmatch(key) else f"{prefix}[{shown(key, 40)}]"
+
+
+def _text(v: Violations, field: str, value: str, *, free_text: bool = False) -> None:
+    """Refuse NUL anywhere and other control characters outside free text."""
+    if "\x00" in value:
+        v.add(field, "contains a NUL byte, which no process can receive")
+    elif (_CONTROL_BUT_TEXT if free_text else _CONTROL).search(value):
+        allowed = " (tab and newline are allowed)" if free_text else ""
+        v.add(field, f"contains a control character{allowed}")
 
 
 def validate_submit(spec: pb.JobSpec, request_id: str, has_spec: bool) -> None:
     """Raise `InvalidArgument` listing every problem of a SubmitJob request."""
     v = Violations()
     v.check(
-        bool(REQUEST_ID.match(request_id)),
+        REQUEST_ID.fullmatch(request_id) is not None,
         "request_id",
         "must be 1-128 characters of [A-Za-z0-9._-] (the CLI sends a UUID)",
     )
     if not has_spec:
         v.add("spec", "missing: a job needs at least spec.name and spec.command")
         v.raise_if_any()
+    size = spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        v.add("spec", f"{size} bytes serialized; at most {MAX_SPEC_BYTES} (trim env, labels)")
     v.check(
-        bool(NAME.match(spec.name)),
+        NAME.fullmatch(spec.name) is not None,
         "spec.name",
-        f"{spec.name!r} must be 1-63 characters of [a-z0-9-] starting with a letter",
+        f"{shown(spec.name)} must be 1-63 characters of [a-z0-9-] starting with a letter",
     )
+    _validate_command(spec, v)
+    _validate_env(spec, v)
+    if len(spec.working_dir) > MAX_PATH:
+        v.add("spec.working_dir", f"longer than {MAX_PATH} characters")
+    _text(v, "spec.working_dir", spec.working_dir)
+    _validate_batch(spec.batch, v)
+    v.check(
+        spec.scaling_rule in pb.ScalingRule.values(),
+        "spec.scaling_rule",
+        f"{spec.scaling_rule} is not a scaling rule (ADASCALE, LINEAR, SQRT or NONE)",
+    )
+    v.check(spec.max_replicas <= 4096, "spec.max_replicas", "must be at most 4096 (0 = no limit)")
+    v.check(spec.max_failures <= 1000, "spec.max_failures", "must be at most 1000")
+    v.check(spec.stop_grace_s <= 3600, "spec.stop_grace_s", "must be at most 3600 seconds")
+    _validate_labels(spec, v)
+    v.raise_if_any()
+
+
+def _validate_command(spec: pb.JobSpec, v: Violations) -> None:
     v.check(len(spec.command) > 0, "spec.command", "must have at least the program to run")
     if spec.command and not spec.command[0]:
         v.add("spec.command[0]", "the program must not be empty")
     if sum(len(a) for a in spec.command) > MAX_COMMAND_BYTES:
-        v.add("spec.command", f"longer than {MAX_COMMAND_BYTES} bytes")
-    for name in spec.env:
-        if not ENV_NAME.match(name):
-            v.add(f"spec.env[{name}]", "not a valid environment variable name")
+        v.add("spec.command", f"longer than {MAX_COMMAND_BYTES} characters in all")
+    for i, arg in enumerate(spec.command):
+        _text(v, f"spec.command[{i}]", arg, free_text=i > 0)
+
+
+def _validate_env(spec: pb.JobSpec, v: Violations) -> None:
+    if len(spec.env) > MAX_ENV:
+        v.add("spec.env", f"{len(spec.env)} variables; at most {MAX_ENV}")
+    for name, value in spec.env.items():
+        field = _key_path("spec.env", name)
+        if ENV_NAME.fullmatch(name) is None:
+            v.add(field, "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         elif name.startswith("POLLUX_"):
-            v.add(f"spec.env[{name}]", "POLLUX_* variables are set by the launcher; rename it")
-    _validate_batch(spec.batch, v)
-    v.check(spec.max_replicas <= 4096, "spec.max_replicas", "must be at most 4096 (0 = no limit)")
-    v.check(spec.max_failures <= 1000, "spec.max_failures", "must be at most 1000")
-    v.check(spec.stop_grace_s <= 3600, "spec.stop_grace_s", "must be at most 3600 seconds")
-    for key in spec.labels:
-        if not key or len(key) > 63:
-            v.add(f"spec.labels[{key}]", "label keys must be 1-63 characters")
-    v.raise_if_any()
+            v.add(field, "POLLUX_* variables are set by the launcher; rename it")
+        _text(v, field, value, free_text=True)
+
+
+def _validate_labels(spec: pb.JobSpec, v: Violations) -> None:
+    if len(spec.labels) > MAX_LABELS:
+        v.add("spec.labels", f"{len(spec.labels)} labels; at most {MAX_LABELS}")
+    for key, value in spec.labels.items():
+        field = _key_path("spec.labels", key)
+        if LABEL_KEY.fullmatch(key) is None:
+            v.add(field, "label keys must be 1-63 characters of [A-Za-z0-9._/-]")
+        if len(value) > MAX_LABEL_VALUE:
+            v.add(field, f"the value is longer than {MAX_LABEL_VALUE} characters")
+        _text(v, field, value)
 
 
 def _validate_batch(batch: pb.BatchLimits, v: Violations) -> None:
