@@ -50,17 +50,36 @@ def launch(etcd: EtcdServer, store: Store, tmp_path: Path, *extra: str) -> subpr
     )
 
 
+async def registered_node(store: Store) -> pb.Node:
+    async def node() -> pb.Node | None:
+        nodes, _ = await store.list_nodes()
+        return nodes[0].value if nodes else None
+
+    found: pb.Node = await eventually(node, 15, "the node to register")
+    return found
+
+
+async def run_sleeper(store: Store, job_id: str) -> int:
+    """Allocate a sleeping one-replica job to the node; returns its replica's pid once running."""
+    spec = pb.JobSpec(name="sleep", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    await store.create_job(pb.Job(id=job_id, request_id=f"r-{job_id}", spec=spec))
+    await store.put(store.keys.allocation(job_id), pb.Allocation(nodes=["e2e-node"], generation=1))
+
+    async def running_pid() -> int:
+        entries, _ = await store.list_replica_statuses(job_id)
+        running = bool(entries) and entries[0].value.phase == pb.REPLICA_PHASE_RUNNING
+        return entries[0].value.pid if running else 0
+
+    pid: int = await eventually(running_pid, 15, "the replica to run")
+    return pid
+
+
 async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
     etcd: EtcdServer, store: Store, tmp_path: Path
 ) -> None:
     process = launch(etcd, store, tmp_path, "--gpus", "2")
     try:
-
-        async def registered() -> pb.Node | None:
-            nodes, _ = await store.list_nodes()
-            return nodes[0].value if nodes else None
-
-        node = await eventually(registered, 15, "the node to register")
+        node = await registered_node(store)
         assert (node.name, node.gpus, node.gpu_type) == ("e2e-node", 2, "cpu-slot")
 
         async with grpc.aio.insecure_channel(node.address) as channel:
@@ -70,23 +89,7 @@ async def test_launcher_process_serves_registers_and_exits_cleanly_on_sigterm(
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
         # A running replica is stopped gracefully on shutdown, and its exit recorded.
-        spec = pb.JobSpec(
-            name="sleep", command=[sys.executable, "-c", "import time; time.sleep(60)"]
-        )
-        await store.create_job(pb.Job(id="j-e2e", request_id="r-e2e", spec=spec))
-        await store.put(
-            store.keys.allocation("j-e2e"), pb.Allocation(nodes=["e2e-node"], generation=1)
-        )
-
-        async def running() -> bool:
-            entries, _ = await store.list_replica_statuses("j-e2e")
-            return (
-                bool(entries)
-                and entries[0].value.phase == pb.REPLICA_PHASE_RUNNING
-                and entries[0].value.pid > 0
-            )
-
-        await eventually(running, 15, "the replica to run")
+        await run_sleeper(store, "j-e2e")
         process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.to_thread(process.communicate, timeout=30)
         assert process.returncode == 0, output
@@ -129,24 +132,8 @@ async def test_replicas_die_with_a_launcher_that_is_killed(
     # checkpoint directory: two copies of one job.
     process = launch(etcd, store, tmp_path, "--gpus", "1")
     try:
-
-        async def registered() -> bool:
-            return bool((await store.list_nodes())[0])
-
-        await eventually(registered, 15, "the node to register")
-        spec = pb.JobSpec(
-            name="sleep", command=[sys.executable, "-c", "import time; time.sleep(120)"]
-        )
-        await store.create_job(pb.Job(id="j-orphan", request_id="r-orphan", spec=spec))
-        await store.put(
-            store.keys.allocation("j-orphan"), pb.Allocation(nodes=["e2e-node"], generation=1)
-        )
-
-        async def replica_pid() -> int:
-            entries, _ = await store.list_replica_statuses("j-orphan")
-            return entries[0].value.pid if entries else 0
-
-        pid = await eventually(replica_pid, 15, "the replica to run")
+        await registered_node(store)
+        pid = await run_sleeper(store, "j-orphan")
         assert _alive(pid)
         process.kill()  # kill -9: the launcher gets no chance to stop anything
         process.wait()
