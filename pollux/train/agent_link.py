@@ -211,4 +211,3 @@ class _ClosedError(grpc.RpcError):  # type: ignore[misc]
 
     def details(self) -> str:
         return "agent link closed or re-pointed during the call"
-
