@@ -103,6 +103,27 @@ async def test_a_registration_reregisters_under_a_new_lease_after_a_loss(store: 
     assert entries == []  # closing revoked the lease: deregistered at once
 
 
+async def test_a_holder_whose_reaction_fails_is_still_registered_again(store: Store) -> None:
+    async def register(lease: int) -> None:
+        await store.register_agent(pb.Member(id="a-2", address="127.0.0.1:2"), lease=lease)
+
+    def explode(reason: str) -> None:
+        raise RuntimeError("the holder's own bug")
+
+    registration = LeasedRegistration(store, 3, register, holder="agent", on_lost=explode)
+    await registration.start()
+    try:
+        first = registration.lease_id
+        await store.revoke_lease(first)
+
+        async def registered_again() -> bool:
+            return registration.lease_id not in (0, first)
+
+        await eventually(registered_again, 5, "the registration to be renewed")
+    finally:
+        await registration.close()
+
+
 async def test_a_failed_first_registration_raises_and_leaves_no_lease(store: Store) -> None:
     async def refuse(lease: int) -> None:
         raise OSError("no")

@@ -183,7 +183,10 @@ class LeasedRegistration:
             await session.lost.wait()
             self.losses += 1
             if self._on_lost is not None:
-                self._on_lost(session.lost_reason)
+                try:
+                    self._on_lost(session.lost_reason)
+                except Exception:  # the holder's reaction must not end the registration
+                    log.exception("on_lost_failed", holder=self.holder)
             await session.close(revoke=False)
             while True:
                 try:
