@@ -76,6 +76,24 @@ async def test_an_unreachable_etcd_loses_the_lease_after_one_ttl(
         await store.close()
 
 
+async def test_a_refresh_that_hangs_loses_the_lease_after_one_ttl(store: Store) -> None:
+    session = LeaseSession(store, 2, holder="test")
+    await session.start()
+    try:
+
+        async def hang(lease_id: int) -> int:
+            await asyncio.Event().wait()  # a keep-alive stream that never answers
+            return 0
+
+        store.keep_alive = hang  # type: ignore[method-assign]
+        stuck_at = asyncio.get_running_loop().time()
+        await asyncio.wait_for(session.lost.wait(), timeout=5)
+        assert session.lost_reason == "no keep-alive succeeded for a whole ttl"
+        assert asyncio.get_running_loop().time() - stuck_at <= session.ttl_s + 0.5
+    finally:
+        await session.close(revoke=False)
+
+
 async def test_a_registration_reregisters_under_a_new_lease_after_a_loss(store: Store) -> None:
     lost: list[str] = []
     member = pb.Member(id="a-1", address="127.0.0.1:1")

@@ -84,10 +84,13 @@ class LeaseSession:
         """Refresh once and apply the rule; returns whether the lease is still held."""
         if self.lost.is_set():
             return False
+        # A refresh may not outlive the lease: one that hangs (etcd frozen, a stuck stream)
+        # is cut off when a ttl has passed since the last confirmation, and the rule applies.
+        budget = max(self._confirmed_at + self.ttl_s - self._clock(), 0.001)
         try:
-            remaining = await self.store.keep_alive(self.lease_id)
-        except (StoreError, OSError) as error:
-            log.warning("lease_keepalive_failed", holder=self.holder, error=str(error))
+            remaining = await asyncio.wait_for(self.store.keep_alive(self.lease_id), budget)
+        except (StoreError, OSError, TimeoutError) as error:
+            log.warning("lease_keepalive_failed", holder=self.holder, error=repr(error))
             if self._clock() - self._confirmed_at >= self.ttl_s:
                 self._lose("no keep-alive succeeded for a whole ttl")
             return not self.lost.is_set()
