@@ -1,23 +1,14 @@
 """The training library and the client stay apart: no torch in the client, no gRPC at import."""
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.unit.test_architecture import imported_modules
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def imported_modules(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
 
 
 def offending(folder: Path, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
