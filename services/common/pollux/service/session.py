@@ -33,6 +33,8 @@ class LeaseSession:
         ttl_s: Lease time-to-live: the holder's keys outlive a dead holder by at most this long.
         holder: What holds the lease, for logs ("leader", "agent", "node").
         clock: Monotonic seconds (injected for tests).
+        on_confirmed: Called with the clock time a successful grant or refresh was *sent*
+            (etcd's ttl runs from some time after it): a launcher's watchdog deadline.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class LeaseSession:
         *,
         holder: str,
         clock: Callable[[], float] = time.monotonic,
+        on_confirmed: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
@@ -50,7 +53,10 @@ class LeaseSession:
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self._clock = clock
+        self._on_confirmed = on_confirmed
         self._confirmed_at = 0.0
+        """When the last successful grant or refresh was sent: a conservative anchor, since
+        etcd restarts the ttl when it receives the request, which is later."""
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -59,8 +65,9 @@ class LeaseSession:
         Raises:
             StoreError: etcd did not grant a lease.
         """
+        sent_at = self._clock()
         self.lease_id = await self.store.grant_lease(self.ttl_s)
-        self._confirmed_at = self._clock()
+        self._confirm(sent_at)
         self._task = asyncio.create_task(
             self._keep_alive(), name=f"{self.holder}-lease-{self.lease_id:x}"
         )
@@ -86,7 +93,8 @@ class LeaseSession:
             return False
         # A refresh may not outlive the lease: one that hangs (etcd frozen, a stuck stream)
         # is cut off when a ttl has passed since the last confirmation, and the rule applies.
-        budget = max(self._confirmed_at + self.ttl_s - self._clock(), 0.001)
+        sent_at = self._clock()
+        budget = max(self._confirmed_at + self.ttl_s - sent_at, 0.001)
         try:
             remaining = await asyncio.wait_for(self.store.keep_alive(self.lease_id), budget)
         except (StoreError, OSError, TimeoutError) as error:
@@ -97,8 +105,13 @@ class LeaseSession:
         if remaining <= 0:
             self._lose("etcd reports the lease expired")
             return False
-        self._confirmed_at = self._clock()
+        self._confirm(sent_at)
         return True
+
+    def _confirm(self, sent_at: float) -> None:
+        self._confirmed_at = sent_at
+        if self._on_confirmed is not None:
+            self._on_confirmed(sent_at)
 
     async def _keep_alive(self) -> None:
         while await self.refresh():
@@ -131,6 +144,7 @@ class LeasedRegistration:
         on_lost: Called (synchronously) when a lease is lost, before registering again: a
             launcher stops its replicas there, since the cluster already counts it as gone.
         retry_s: Seconds between attempts to register again; ttl/3 by default.
+        on_confirmed: Passed to every `LeaseSession` the registration opens.
     """
 
     def __init__(
@@ -142,12 +156,14 @@ class LeasedRegistration:
         holder: str,
         on_lost: Callable[[str], object] | None = None,
         retry_s: float | None = None,
+        on_confirmed: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.holder = holder
         self._register = register
         self._on_lost = on_lost
+        self._on_confirmed = on_confirmed
         self._retry_s = ttl_s / 3 if retry_s is None else retry_s
         self._session: LeaseSession | None = None
         self._task: asyncio.Task[None] | None = None
@@ -171,7 +187,9 @@ class LeasedRegistration:
     async def _open(self) -> None:
         # The session is adopted only once the key is written under it; a failed write
         # revokes the new lease so nothing is left behind.
-        session = LeaseSession(self.store, self.ttl_s, holder=self.holder)
+        session = LeaseSession(
+            self.store, self.ttl_s, holder=self.holder, on_confirmed=self._on_confirmed
+        )
         await session.start()
         try:
             await self._register(session.lease_id)

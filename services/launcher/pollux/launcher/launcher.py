@@ -48,6 +48,7 @@ import prometheus_client
 import structlog
 
 from pollux.launcher.config import LauncherConfig
+from pollux.launcher.fence import fence_margin, fence_token, kill_fenced
 from pollux.launcher.gpus import Inventory
 from pollux.launcher.placement import (
     PlacementError,
@@ -59,6 +60,7 @@ from pollux.launcher.placement import (
     replica_env,
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.launcher.watchdog import WatchdogLink
 from pollux.service.config import ConfigError
 from pollux.service.keys import Kind
 from pollux.service.ownership import ranked
@@ -197,12 +199,15 @@ class Launcher:
         self.passes = 0
         """Reconcile passes finished (successful or not): what "the launcher looked" means."""
         self._scan_orphans = True
+        self.fence_token = fence_token(config.etcd.endpoint, config.etcd.root, self.node_name)
+        self.watchdog = WatchdogLink(self.fence_token, margin_s=fence_margin(config.lease_ttl_s))
         self._registration = LeasedRegistration(
             store,
             config.lease_ttl_s,
             self._register,
             holder="node",
             on_lost=self._lease_lost,
+            on_confirmed=self._lease_confirmed,
         )
         self._closing = False
         self._log = log.bind(node_id=self.node_name)
@@ -230,6 +235,10 @@ class Launcher:
         """
         self.advertise = address
         await self._claim_name()
+        strays = kill_fenced(self.fence_token)
+        if strays:
+            self._log.warning("stray_replicas_killed", pids=strays)
+        await self.watchdog.start()
         with structlog.contextvars.bound_contextvars(node_id=self.node_name):
             await self._registration.start()
             self._loops = [
@@ -274,6 +283,7 @@ class Launcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._registration.close(revoke=True)
+        await self.watchdog.close()
         self._log.info("node_deregistered")
 
     # -- registration --------------------------------------------------------------------------
@@ -299,13 +309,23 @@ class Launcher:
     async def _register(self, lease: int) -> None:
         await self.store.register_node(self.node(), lease=lease)
 
+    def _lease_confirmed(self, sent_at: float) -> None:
+        self.watchdog.confirmed(sent_at, self.config.lease_ttl_s)
+
     def _lease_lost(self, reason: str) -> None:
-        """Self-fence: the cluster counts this node as gone, so its replicas must stop."""
+        """Self-fence: the cluster counts this node as gone, so its replicas die now.
+
+        No grace period: the scheduler may already have re-placed their jobs (the watchdog has
+        usually killed them already; this covers a lease etcd reports expired early).
+        """
         LEASE_LOSSES.inc()
         live = [r for r in self._replicas.values() if r.alive]
-        self._log.warning("node_fenced", reason=reason, stopping=len(live))
+        self._log.warning("node_fenced", reason=reason, killing=len(live))
         for replica in live:
-            self._stop(replica, "node lease lost")
+            self._spawn(self._fence(replica))
+
+    async def _fence(self, replica: Replica) -> None:
+        await replica.fence()
 
     # -- allocation watch ----------------------------------------------------------------------
 
@@ -388,9 +408,10 @@ class Launcher:
             # The key vanished though the lease lives (deleted by hand?): put it back.
             await self.store.register_node(self.node(), lease=lease)
             nodes[self.node_name] = self.node()
-        if self._closing or not lease:
-            # Fenced (lease lost) or shutting down: the cluster may already count this node
-            # as gone, so nothing new starts until it is registered again.
+        if self._closing or not lease or self.watchdog.expired():
+            # Fenced (lease lost or unconfirmed past the watchdog's deadline) or shutting
+            # down: the cluster may already count this node as gone, so nothing new starts
+            # until it is registered again.
             self._waiting = not self._closing
             self._prune()
             return
@@ -526,6 +547,7 @@ class Launcher:
                     agent_addrs=agent_addrs,
                     checkpoint_dir=str(checkpoint_dir),
                     cuda=self.inventory.cuda,
+                    fence_token=self.fence_token,
                 )
                 return LaunchSpec(
                     command=list(spec.command),
@@ -637,6 +659,9 @@ class Launcher:
                     replica.status(), expected=replica.status_revision
                 )
         code = await replica.wait()
+        if code == -signal.SIGKILL and self.watchdog.expired():
+            replica.mark_fenced()  # the watchdog killed it: the node's lease had lapsed
+            code = PLANNED_STOP
         REPLICA_EXITS.labels(exit_outcome(code)).inc()
         await self._report_exit(replica.status(), expected=replica.status_revision)
         replica.exit_reported = True

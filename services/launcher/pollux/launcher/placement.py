@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from pollux.launcher.fence import FENCE_VAR
 from pollux.v1 import types_pb2 as pb
 
 
@@ -132,14 +133,18 @@ def contract_env(
     agent_addrs: Sequence[str],
     checkpoint_dir: str,
     cuda: bool,
+    fence_token: str = "",
 ) -> dict[str, str]:
     """The environment contract of docs/architecture.md §7 for one replica.
+
+    `fence_token` marks the process as this node's replica (fence.py), so the node's watchdog
+    and a restarted launcher can find it and its children.
 
     `agent_addrs` is in preference order (the job's rendezvous owner first), so a replica
     whose agent dies retries the next one, which answers from etcd. CPU slots get an empty
     CUDA_VISIBLE_DEVICES, which hides any GPU so a CPU-slot replica never grabs one.
     """
-    return {
+    env = {
         "POLLUX_JOB_ID": job_id,
         "POLLUX_AGENT_ADDR": ",".join(agent_addrs),
         "POLLUX_CHECKPOINT_DIR": checkpoint_dir,
@@ -153,6 +158,9 @@ def contract_env(
         "MASTER_PORT": str(plan.master_port),
         "CUDA_VISIBLE_DEVICES": str(plan.slot) if cuda else "",
     }
+    if fence_token:
+        env[FENCE_VAR] = fence_token
+    return env
 
 
 def replica_env(

@@ -213,6 +213,8 @@ class Replica:
         self.started_at = time.time()
         self.exited_at: float | None = None
         self.stop_requested = False
+        self.fenced = False
+        """Killed because the node's lease lapsed (fence.py): a planned stop, not a failure."""
         self.status_revision = 0
         """Mod revision of this replica's last status write (0: none yet)."""
         self.exit_reported = False
@@ -311,7 +313,9 @@ class Replica:
                 reader.cancel()
         finally:
             sink.close()
-        if code == -signal.SIGTERM and self.stop_requested:
+        if (code == -signal.SIGTERM and self.stop_requested) or (
+            code == -signal.SIGKILL and self.fenced
+        ):
             code = PLANNED_STOP
         self._finish(code)
         self._log.info("replica_exited", exit_code=code, stop_requested=self.stop_requested)
@@ -354,6 +358,31 @@ class Replica:
         self.exited_at = time.time()
         self.log.close()
         self._exited.set()
+
+    def mark_fenced(self) -> None:
+        """Count a kill as the fence's (the watchdog's or `fence`): it reports a planned stop."""
+        self.fenced = True
+        if self.exit_code == -signal.SIGKILL:
+            self.exit_code = PLANNED_STOP
+
+    async def fence(self) -> int:
+        """SIGKILL the group now, without a grace period; return the exit code (143).
+
+        For a node whose lease lapsed: the cluster may already run the job's next generation,
+        so there is no time to checkpoint (periodic checkpoints bound what is lost).
+        """
+        self.mark_fenced()
+        if self.exit_code is not None:
+            return self.exit_code
+        self.stop_requested = True
+        if self._process is None:
+            if not self._starting:
+                self._finish(PLANNED_STOP)
+                return PLANNED_STOP
+            await self._started.wait()
+        self._log.warning("replica_fenced")
+        _signal_group(self.pid, signal.SIGKILL)
+        return await self.wait()
 
     async def wait(self) -> int:
         """Wait for the exit (and the end of its output); returns the exit code."""

@@ -1,0 +1,204 @@
+"""The launcher's watchdog: a separate process that kills the node's replicas when its lease lapses.
+
+A launcher that stops acting without dying (SIGSTOP, a hung event loop, an etcd it cannot
+reach) cannot stop its own replicas, and the cluster re-places its jobs once its lease expires.
+So each launcher starts one watchdog (`python -m pollux.launcher.watchdog TOKEN`, in its own
+session so a signal to the launcher's process group does not reach it) and, after every
+successful lease refresh, writes one line to the watchdog's stdin:
+
+    lease <deadline>
+
+`deadline` is CLOCK_MONOTONIC seconds (system-wide on Linux, so both processes read the same
+clock): the time the refresh was *sent* plus the ttl minus `fence.fence_margin`, which is
+before etcd can expire the lease. Whenever the newest deadline has passed, the watchdog
+SIGKILLs every process carrying the node's fence token (fence.py), and does so again every
+`RESCAN_S` until a newer deadline arrives, so nothing started meanwhile survives either. When
+its stdin closes (the launcher exited or was killed) it kills them once more and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import select
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from pollux.launcher.fence import kill_fenced
+from pollux.service.logging import configure
+
+log = structlog.get_logger(__name__)
+
+RESCAN_S = 0.5
+"""While the deadline is past, the node is re-scanned for replicas this often."""
+
+
+def serve(
+    fd: int,
+    token: str,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    kill: Callable[[str], list[int]] = kill_fenced,
+) -> None:
+    """Read deadlines from `fd` and enforce them until end of input (then a last sweep).
+
+    Input already waiting is always read before a sweep, so a deadline the launcher sent
+    before starting a replica protects that replica even if this process was slow to start.
+    """
+    deadline = -math.inf  # nothing may run before the launcher holds a lease
+    pending = b""
+    timeout = 0.0
+    while True:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                _sweep(token, kill, reason="launcher gone", late_s=0.0)
+                return
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            deadline = max(deadline, _newest_deadline(lines))
+            timeout = 0.0  # drain whatever else is waiting before judging the deadline
+            continue
+        now = clock()
+        if now >= deadline:
+            _sweep(token, kill, reason="lease deadline passed", late_s=now - deadline)
+            timeout = RESCAN_S
+        else:
+            timeout = deadline - now
+
+
+def _newest_deadline(lines: list[bytes]) -> float:
+    newest = -math.inf
+    for line in lines:
+        word, _, value = line.decode(errors="replace").partition(" ")
+        if word == "lease":
+            with contextlib.suppress(ValueError):
+                newest = max(newest, float(value))
+        elif line:
+            log.warning("watchdog_bad_line", line=line[:80].decode(errors="replace"))
+    return newest
+
+
+def _sweep(token: str, kill: Callable[[str], list[int]], *, reason: str, late_s: float) -> None:
+    killed = kill(token)
+    if killed:
+        log.warning(
+            "replicas_fenced",
+            reason=reason,
+            pids=killed,
+            late_s=round(late_s, 3) if math.isfinite(late_s) else None,
+        )
+
+
+class WatchdogLink:
+    """The launcher's side: starts the watchdog, feeds it deadlines, restarts it if it dies.
+
+    Args:
+        token: The node's fence token (fence.fence_token).
+        margin_s: How long before a lease's expiry the deadline falls (fence.fence_margin).
+    """
+
+    def __init__(self, token: str, *, margin_s: float) -> None:
+        self.token = token
+        self.margin_s = margin_s
+        self.deadline = -math.inf
+        """The newest deadline sent (monotonic seconds): replicas are killed once it passes."""
+        self.restarts = 0
+        self._process: asyncio.subprocess.Process | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def pid(self) -> int:
+        """The watchdog's pid (0 while none runs)."""
+        return self._process.pid if self._process is not None else 0
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the watchdog may already have killed this node's replicas."""
+        return (time.monotonic() if now is None else now) >= self.deadline
+
+    async def start(self) -> None:
+        """Start the watchdog process and its supervisor."""
+        await self._launch()
+        self._supervisor = asyncio.create_task(self._supervise(), name="watchdog-supervisor")
+
+    async def _launch(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pollux.launcher.watchdog",
+            self.token,
+            stdin=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        if math.isfinite(self.deadline):
+            self._send(f"lease {self.deadline:.6f}")
+        log.info("watchdog_started", pid=self._process.pid)
+
+    async def _supervise(self) -> None:
+        # A dead watchdog would leave the replicas unfenced: start another one at once and
+        # hand it the current deadline.
+        while self._process is not None:
+            code = await self._process.wait()
+            if self._closing:
+                return
+            self.restarts += 1
+            log.error("watchdog_died", exit_code=code, restarts=self.restarts)
+            await asyncio.sleep(min(0.1 * self.restarts, 2.0))
+            with contextlib.suppress(OSError):
+                await self._launch()
+
+    def confirmed(self, sent_at: float, ttl_s: float) -> None:
+        """A lease refresh sent at monotonic `sent_at` succeeded: move the deadline on."""
+        deadline = sent_at + ttl_s - self.margin_s
+        if deadline > self.deadline:
+            self.deadline = deadline
+            self._send(f"lease {deadline:.6f}")
+
+    def _send(self, line: str) -> None:
+        process = self._process
+        if process is None or process.stdin is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            process.stdin.write(line.encode() + b"\n")
+
+    async def close(self) -> None:
+        """End the watchdog (it sweeps once more: call after the replicas are stopped)."""
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        process = self._process
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pollux.launcher.watchdog TOKEN``: enforce deadlines read from stdin."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m pollux.launcher.watchdog FENCE_TOKEN", file=sys.stderr)
+        return 2
+    configure("launcher-watchdog")
+    structlog.contextvars.bind_contextvars(node_id=args[0].partition("@")[0])
+    serve(sys.stdin.fileno(), args[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
