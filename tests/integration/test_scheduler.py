@@ -12,10 +12,13 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from prometheus_client import REGISTRY
 
+from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
+from pollux.service import store as store_module
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
@@ -292,6 +295,74 @@ async def test_failed_replica_restarts_then_fails_the_job(replica: Replica, stor
 
     await eventually(failed)
     assert "exited 1" in (await current()).history[-1].reason
+
+
+async def test_a_job_restarted_by_many_rounds_keeps_its_first_and_latest_history(
+    replica: Replica, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lifecycle, "MAX_RECENT_HISTORY", 4)  # the bound, reached in few rounds
+    await add_node(store, "n1", 1)
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="h"))).job
+
+    async def current() -> pb.Job:
+        return (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+
+    async def at(state: int, generation: int) -> bool:
+        got = await current()
+        return got.state == state and got.allocation.generation == generation
+
+    def status(generation: int, phase: int, exit_code: int = 0) -> pb.ReplicaStatus:
+        return pb.ReplicaStatus(
+            job_id=job.id,
+            node="n1",
+            rank=0,
+            generation=generation,
+            phase=phase,
+            exit_code=exit_code,
+        )
+
+    await eventually(lambda: at(pb.JOB_STATE_ALLOCATED, 1))
+    for generation in range(1, 7):  # every planned stop restarts it: RESCALING, then RUNNING
+        await store.put_replica_status(status(generation, pb.REPLICA_PHASE_RUNNING))
+        await eventually(lambda g=generation: at(pb.JOB_STATE_RUNNING, g))
+        await store.put_replica_status(status(generation, pb.REPLICA_PHASE_EXITED, 143))
+        await eventually(lambda g=generation: at(pb.JOB_STATE_RESCALING, g + 1))
+    history = (await current()).history
+    assert len(history) == 1 + 4
+    assert (history[0].state, history[0].reason) == (pb.JOB_STATE_PENDING, "submitted")
+    assert [h.state for h in history[1:]] == [pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESCALING] * 2
+    assert "exit 143" in history[-1].reason
+
+
+def too_large_rounds() -> float:
+    value = REGISTRY.get_sample_value("pollux_scheduler_rounds_total", {"outcome": "too_large"})
+    return value or 0.0
+
+
+async def test_a_write_over_the_store_bound_keeps_the_leader_and_is_resource_exhausted(
+    replica: Replica, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heavy = spec("heavy")
+    heavy.env["PAYLOAD"] = "x" * 20_000
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=heavy, request_id="t"))).job
+    await eventually(lambda: replica.scheduler.leadership.leading, what="leadership")
+    fence = replica.scheduler.leadership.fence
+    # As if a bound elsewhere were broken: the stored record is now over the store's bound.
+    monkeypatch.setattr(store_module, "MAX_VALUE_BYTES", 10_000)
+    before = too_large_rounds()
+    await add_node(store, "n1", 1)  # the next round would allocate it: a write of the record
+    await eventually(lambda: too_large_rounds() > before, what="a refused round")
+    assert replica.scheduler.leadership.leading
+    assert replica.scheduler.leadership.fence == fence  # refused, not a lost leadership
+    stored = await store.get_job(job.id)
+    assert stored is not None
+    assert stored.value.state == pb.JOB_STATE_PENDING
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.CancelJob(spb.CancelJobRequest(job_id=job.id))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = caught.value.details() or ""
+    assert store.keys.job(job.id).decode() in details
+    assert "10000" in details
 
 
 def replace_spec(s: pb.JobSpec, **fields: int) -> pb.JobSpec:

@@ -6,8 +6,20 @@ import asyncio
 
 import pytest
 
+from pollux.scheduler.lifecycle import MAX_RECENT_HISTORY, S, transition
 from pollux.service.keys import Kind
-from pollux.service.store import Conflict, Delete, Expect, Fence, FenceLost, Put, Store
+from pollux.service.store import (
+    MAX_TXN_BYTES,
+    MAX_VALUE_BYTES,
+    Conflict,
+    Delete,
+    Expect,
+    Fence,
+    FenceLost,
+    Put,
+    Store,
+    ValueTooLarge,
+)
 from pollux.v1 import types_pb2 as pb
 
 
@@ -133,3 +145,59 @@ async def test_watch_delivers_every_key_of_one_transaction(store: Store) -> None
     await store.txn([Put(k, b"") for k in keys])
     await asyncio.wait_for(task, 10)
     assert seen == keys
+
+
+async def test_an_oversized_value_is_refused_before_sending_and_nothing_is_written(
+    store: Store,
+) -> None:
+    small, big = store.keys.job("small"), store.keys.job("big")
+    # Under etcd's own 1.5 MiB limit: etcd alone would have taken it.
+    with pytest.raises(ValueTooLarge) as caught:
+        await store.txn([Put(small, b"ok"), Put(big, b"x" * (MAX_VALUE_BYTES + 1))])
+    assert caught.value.key == big
+    assert big.decode() in str(caught.value)
+    assert str(MAX_VALUE_BYTES) in str(caught.value)
+    assert await store.list_keys(store.keys.prefix(Kind.JOBS)) == []
+
+
+async def test_an_oversized_transaction_is_refused_and_nothing_is_written(store: Store) -> None:
+    keys = [store.keys.job(f"j-{i}") for i in range(3)]
+    third = b"x" * (MAX_TXN_BYTES // 3 + 1)  # each value is fine, the three together are not
+    with pytest.raises(ValueTooLarge) as caught:
+        await store.txn([Put(k, third) for k in keys])
+    assert caught.value.limit == MAX_TXN_BYTES
+    assert str(MAX_TXN_BYTES) in str(caught.value)
+    assert await store.list_keys(store.keys.prefix(Kind.JOBS)) == []
+    await store.txn([Put(k, third) for k in keys[:2]])  # two of them fit
+    assert await store.list_keys(store.keys.prefix(Kind.JOBS)) == keys[:2]
+
+
+async def test_an_oversized_profile_is_refused_and_nothing_is_written(store: Store) -> None:
+    await store.create_job(job("j-1"))
+    profile = pb.ObservationProfile(job_id="j-1")
+    for rank in range(MAX_VALUE_BYTES // 8):
+        profile.applied_seq[f"1/{rank}"] = rank
+    with pytest.raises(ValueTooLarge):
+        await store.save_profile_and_model(profile, pb.JobModel(job_id="j-1"), expected=0)
+    assert await store.get_profile("j-1") is None
+    assert await store.get_model("j-1") is None
+
+
+async def test_a_job_transitioned_many_times_keeps_a_bounded_history(store: Store) -> None:
+    submitted = job("j-1")
+    submitted.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+    await store.create_job(submitted)
+    targets = [S.JOB_STATE_ALLOCATED, S.JOB_STATE_RUNNING]
+    targets += [S.JOB_STATE_RESCALING, S.JOB_STATE_RUNNING] * 150
+    for i, target in enumerate(targets):
+        entry = await store.get_job("j-1")
+        assert entry is not None
+        transition(entry.value, target, float(i + 1), f"step {i} " + "n" * 1000)
+        await store.update_job(entry.value, expected=entry.mod_revision)
+    stored = await store.get_job("j-1")
+    assert stored is not None
+    history = stored.value.history
+    assert len(history) == 1 + MAX_RECENT_HISTORY
+    assert history[0].reason == "submitted"
+    assert history[-1].reason.startswith(f"step {len(targets) - 1} ")
+    assert stored.value.ByteSize() < 64 * 1024

@@ -9,6 +9,10 @@ import pytest
 
 from pollux.agent.profile import (
     KEEP_GENERATIONS,
+    MAX_APPLIED_SEQ,
+    MAX_PROFILE_ROWS,
+    MAX_REPORT_OBSERVATIONS,
+    MAX_SHAPES,
     Limits,
     build_model,
     can_fit,
@@ -20,8 +24,11 @@ from pollux.agent.profile import (
     observation_count,
     perf_from_pb,
     perf_to_pb,
+    shape_key,
+    with_config,
 )
 from pollux.goodput import UNKNOWN_GRAD, InvalidInputError, PerfParams, SyncModel, step_times
+from pollux.service.store import MAX_VALUE_BYTES
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -191,6 +198,91 @@ def test_latest_gradient_statistics_replace_earlier_ones():
     assert (profile.gradient.sqr, profile.gradient.var) == (1.0, 2.0)
     profile = merge_report(profile, report(seq=3, gradient=(3.0, 4.0))).profile
     assert (profile.gradient.sqr, profile.gradient.var) == (3.0, 4.0)
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+
+def test_a_report_with_too_many_observations_is_refused_naming_the_limit():
+    many = report(*(obs(local=i + 1) for i in range(MAX_REPORT_OBSERVATIONS + 1)))
+    problems = dict(check_report(many))
+    assert list(problems) == ["observations"]
+    assert str(MAX_REPORT_OBSERVATIONS) in problems["observations"]
+    assert check_report(report(*(obs(local=i + 1) for i in range(MAX_REPORT_OBSERVATIONS)))) == []
+
+
+def test_profile_rows_are_bounded_keeping_the_reported_and_the_most_observed():
+    profile = pb.ObservationProfile()
+    seq = 0
+    for start in range(0, MAX_PROFILE_ROWS + 200, MAX_REPORT_OBSERVATIONS):
+        seq += 1
+        rows = [
+            obs(local=i + 1, count=i + 1) for i in range(start, start + MAX_REPORT_OBSERVATIONS)
+        ]
+        profile = merge_report(profile, report(*rows, seq=seq)).profile
+        assert len(profile.observations) <= MAX_PROFILE_ROWS
+    kept = {o.local_batch_size for o in profile.observations}
+    assert len(kept) == MAX_PROFILE_ROWS
+    last = range(start + 1, start + MAX_REPORT_OBSERVATIONS + 1)
+    assert kept >= set(last)  # the report just merged is never dropped
+    assert min(kept) > 1  # the least-observed rows went first
+    low = merge_report(profile, report(obs(local=1, count=1), seq=seq + 1)).profile
+    assert 1 in {o.local_batch_size for o in low.observations}  # a new row gets in
+
+
+def test_replica_keys_are_bounded_the_older_generation_going_first():
+    profile = pb.ObservationProfile()
+    for rank in range(MAX_APPLIED_SEQ):
+        profile.applied_seq[f"1/{rank}"] = 1
+    merged = merge_report(profile, report(obs(), rank=0, generation=2))
+    assert merged.applied
+    assert dict(merged.profile.applied_seq) == {"2/0": 1}
+    late = merge_report(merged.profile, report(obs(), rank=5, generation=1, seq=2))
+    assert not late.applied  # the dropped generation's late reports count as applied
+
+
+def test_a_new_rank_past_the_bound_is_not_applied_but_known_ranks_are():
+    profile = pb.ObservationProfile()
+    for rank in range(MAX_APPLIED_SEQ):
+        profile.applied_seq[f"3/{rank}"] = 1
+    new_rank = merge_report(profile, report(obs(), rank=MAX_APPLIED_SEQ, generation=3))
+    known = merge_report(profile, report(obs(), rank=7, generation=3, seq=2))
+    assert not new_rank.applied
+    assert new_rank.profile is profile
+    assert known.applied
+    assert len(known.profile.applied_seq) == MAX_APPLIED_SEQ
+    assert known.profile.applied_seq["3/7"] == 2
+
+
+def test_remembered_shapes_are_bounded_and_keep_the_newest():
+    profile = pb.ObservationProfile(job_id="j-1")
+    config = pb.BatchConfig(local_batch_size=32, accum_steps=1, total_batch_size=32)
+    for replicas in range(1, MAX_SHAPES + 50):
+        profile = with_config(profile, "j-1", shape_key(1, replicas), config)
+        assert len(profile.last_configs) <= MAX_SHAPES
+    assert len(profile.last_configs) == MAX_SHAPES
+    assert shape_key(1, MAX_SHAPES + 49) in profile.last_configs
+    assert profile.job_id == "j-1"
+
+
+def test_a_profile_at_every_bound_stays_far_below_the_store_value_limit():
+    profile = pb.ObservationProfile(job_id="j-" + "f" * 10)
+    for i in range(MAX_PROFILE_ROWS):
+        row = profile.observations.add()
+        row.CopyFrom(obs(nodes=2**32 - 1, replicas=2**32 - 1, local=i + 1, accum=2**32 - 1))
+        row.count = 2**32 - 1
+    for rank in range(MAX_APPLIED_SEQ):
+        profile.applied_seq[f"{2**64 - 1}/{2**32 - 1 - rank}"] = 2**64 - 1
+    for i in range(MAX_SHAPES):
+        profile.last_configs[shape_key(2**32 - 1 - i, 2**32 - 1)].CopyFrom(
+            pb.BatchConfig(
+                local_batch_size=2**32 - 1,
+                accum_steps=2**32 - 1,
+                total_batch_size=2**32 - 1,
+                predicted_speedup=1.5,
+            )
+        )
+    assert profile.ByteSize() < MAX_VALUE_BYTES * 3 // 4
 
 
 # -- fitting ----------------------------------------------------------------------------------

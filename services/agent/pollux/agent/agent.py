@@ -29,6 +29,7 @@ from pollux.agent.profile import (
     observation_count,
     perf_to_pb,
     shape_key,
+    with_config,
 )
 from pollux.goodput import GoodputError
 from pollux.service import ownership
@@ -377,10 +378,7 @@ class Agent:
                     raise FailedPrecondition(f"job {shown(job_id)}: {error}") from error
                 if last is not None and _same_batch(last, config):
                     return config
-                updated = pb.ObservationProfile()
-                updated.CopyFrom(profile)
-                updated.job_id = job_id
-                updated.last_configs[shape].CopyFrom(config)
+                updated = with_config(profile, job_id, shape, config)
                 if await self._save(job_id, state, updated, None) is not None:
                     log.info(
                         "agent_batch_config_changed",

@@ -9,6 +9,7 @@ and `pollux.goodput` dataclasses; the core never sees a protobuf.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,22 @@ Older entries are pruned so a long-lived job's profile stays small; a report fro
 older than every kept one is treated as already applied (its replicas were stopped long ago).
 """
 MAX_UINT32 = 2**32 - 1
+MAX_REPORT_OBSERVATIONS = 64
+"""Observations one report may carry. A replica reports the configurations it ran since its
+last report (one or two); a longer list is a broken client, refused as INVALID_ARGUMENT."""
+MAX_PROFILE_ROWS = 1024
+"""Configuration rows a profile keeps. A job meets at most a few hundred (allocation shapes
+times the batch sizes chosen for them); past the bound the least-observed rows the report did
+not touch are dropped, so the profile (about 50 bytes a row) stays a small etcd value."""
+MAX_APPLIED_SEQ = 4096
+"""Replica keys ("<generation>/<rank>") kept for deduplication: every rank of the largest job a
+spec allows (max_replicas <= 4096). Past it the older kept generation is dropped first (its
+late reports then count as already applied); a new rank of a newest generation already this
+large is not applied: ranks are client input, and its peers report the same configurations."""
+MAX_SHAPES = 1024
+"""Allocation shapes whose last batch configuration a profile keeps for hysteresis. Shapes are
+request input; past the bound the others are dropped in key order (a dropped shape only loses
+its hysteresis once, should the job see it again)."""
 
 
 def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
@@ -42,27 +59,37 @@ def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if not request.job_id:
         out.append(("job_id", "must not be empty"))
-    for i, obs in enumerate(request.observations):
-        at = f"observations[{i}]"
-        if obs.num_nodes < 1:
-            out.append((f"{at}.num_nodes", "must be >= 1"))
-        if obs.num_replicas < max(obs.num_nodes, 1):
-            out.append((f"{at}.num_replicas", f"must be >= num_nodes ({obs.num_nodes}) and >= 1"))
-        if obs.local_batch_size < 1:
-            out.append((f"{at}.local_batch_size", "must be >= 1"))
-        if obs.accum_steps < 1:
-            out.append((f"{at}.accum_steps", "must be >= 1 (1 = no accumulation)"))
-        if not (math.isfinite(obs.accum_step_time_s) and obs.accum_step_time_s >= 0):
-            out.append((f"{at}.accum_step_time_s", "must be finite and >= 0 seconds"))
-        if not (math.isfinite(obs.optim_step_time_s) and obs.optim_step_time_s > 0):
-            out.append((f"{at}.optim_step_time_s", "must be finite and > 0 seconds"))
-        if obs.count < 1:
-            out.append((f"{at}.count", "must be >= 1 (steps averaged)"))
+    count = len(request.observations)
+    if count > MAX_REPORT_OBSERVATIONS:
+        limit = MAX_REPORT_OBSERVATIONS
+        out.append(("observations", f"{count}; at most {limit} per report (report more often)"))
+    else:  # listing the problems of thousands of rows would help no one
+        for i, obs in enumerate(request.observations):
+            out.extend(_check_observation(f"observations[{i}]", obs))
     if request.HasField("gradient"):
         for name in ("sqr", "var"):
             value = getattr(request.gradient, name)
             if not (math.isfinite(value) and value >= 0):
                 out.append((f"gradient.{name}", "must be finite and >= 0"))
+    return out
+
+
+def _check_observation(at: str, obs: pb.StepObservation) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if obs.num_nodes < 1:
+        out.append((f"{at}.num_nodes", "must be >= 1"))
+    if obs.num_replicas < max(obs.num_nodes, 1):
+        out.append((f"{at}.num_replicas", f"must be >= num_nodes ({obs.num_nodes}) and >= 1"))
+    if obs.local_batch_size < 1:
+        out.append((f"{at}.local_batch_size", "must be >= 1"))
+    if obs.accum_steps < 1:
+        out.append((f"{at}.accum_steps", "must be >= 1 (1 = no accumulation)"))
+    if not (math.isfinite(obs.accum_step_time_s) and obs.accum_step_time_s >= 0):
+        out.append((f"{at}.accum_step_time_s", "must be finite and >= 0 seconds"))
+    if not (math.isfinite(obs.optim_step_time_s) and obs.optim_step_time_s > 0):
+        out.append((f"{at}.optim_step_time_s", "must be finite and > 0 seconds"))
+    if obs.count < 1:
+        out.append((f"{at}.count", "must be >= 1 (steps averaged)"))
     return out
 
 
@@ -99,7 +126,8 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
 
     Observations of the same (nodes, replicas, local batch, accumulation steps) merge into one
     count-weighted mean, so the profile stays one row per configuration however long the job
-    runs; the latest gradient statistics replace the previous ones.
+    runs; the latest gradient statistics replace the previous ones. The profile stays bounded:
+    at most `MAX_PROFILE_ROWS` rows and `MAX_APPLIED_SEQ` replica keys (see both).
     """
     key = f"{request.generation}/{request.rank}"
     generations = {_generation_of(k) for k in profile.applied_seq}
@@ -113,6 +141,8 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
     merged.job_id = request.job_id
     merged.applied_seq[key] = request.seq
     _prune_generations(merged)
+    if key not in profile.applied_seq and len(merged.applied_seq) > MAX_APPLIED_SEQ:
+        return Merge(profile, applied=False, new_configuration=False)
     rows = {_config_of(obs): obs for obs in merged.observations}
     fit_rows = {_config_of(obs)[:3] for obs in merged.observations}
     new_configuration = False
@@ -134,6 +164,7 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
             row.optim_step_time_s * row.count + obs.optim_step_time_s * obs.count
         ) / total
         row.count = min(total, MAX_UINT32)
+    _drop_rows(merged, {_config_of(obs) for obs in request.observations})
     if request.HasField("gradient"):
         merged.gradient.CopyFrom(request.gradient)
     return Merge(merged, applied=True, new_configuration=new_configuration)
@@ -148,9 +179,43 @@ def _generation_of(key: str) -> int:
 
 
 def _prune_generations(profile: pb.ObservationProfile) -> None:
-    kept = sorted({_generation_of(k) for k in profile.applied_seq})[-KEEP_GENERATIONS:]
+    """Keep the newest `KEEP_GENERATIONS`, the older first to go past `MAX_APPLIED_SEQ` keys."""
+    per_generation = Counter(_generation_of(k) for k in profile.applied_seq)
+    kept = sorted(per_generation)[-KEEP_GENERATIONS:]
+    while len(kept) > 1 and sum(per_generation[g] for g in kept) > MAX_APPLIED_SEQ:
+        kept.pop(0)
     for key in [k for k in profile.applied_seq if _generation_of(k) not in kept]:
         del profile.applied_seq[key]
+
+
+def _drop_rows(profile: pb.ObservationProfile, touched: set[tuple[int, int, int, int]]) -> None:
+    """Drop the least-observed rows past `MAX_PROFILE_ROWS`, never one of `touched`."""
+    excess = len(profile.observations) - MAX_PROFILE_ROWS
+    if excess <= 0:
+        return
+    candidates = sorted(
+        (obs.count, _config_of(obs))
+        for obs in profile.observations
+        if _config_of(obs) not in touched
+    )
+    dropped = {config for _, config in candidates[:excess]}
+    for i in reversed(range(len(profile.observations))):
+        if _config_of(profile.observations[i]) in dropped:
+            del profile.observations[i]
+
+
+def with_config(
+    profile: pb.ObservationProfile, job_id: str, shape: str, config: pb.BatchConfig
+) -> pb.ObservationProfile:
+    """A copy of `profile` that remembers `config` for `shape`, with at most `MAX_SHAPES`."""
+    updated = pb.ObservationProfile()
+    updated.CopyFrom(profile)
+    updated.job_id = job_id
+    updated.last_configs[shape].CopyFrom(config)
+    excess = len(updated.last_configs) - MAX_SHAPES
+    for other in sorted(k for k in updated.last_configs if k != shape)[: max(excess, 0)]:
+        del updated.last_configs[other]
+    return updated
 
 
 def can_fit(profile: pb.ObservationProfile) -> bool:

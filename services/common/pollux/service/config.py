@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pollux.service.etcd_target import EndpointError, split_endpoints
+
 T = TypeVar("T")
 _INVALID: Any = object()
 """What `_convert` returns for a value it cannot convert (the problem is recorded)."""
@@ -183,7 +185,8 @@ class EtcdConfig:
     """Where the cluster state lives."""
 
     endpoint: str = "127.0.0.1:2379"
-    """etcd client endpoint, host:port."""
+    """etcd client endpoint, host:port; for a cluster of several members, every member's,
+    comma-separated (requests fail over to the next member that answers)."""
     root: str = "/pollux/v1"
     """Key root; several clusters can share one etcd under different roots."""
     timeout_s: float = 5.0
@@ -192,9 +195,10 @@ class EtcdConfig:
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
         out = []
-        host, _, port = self.endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            out.append(f"endpoint: {self.endpoint!r} is not host:port")
+        try:
+            split_endpoints(self.endpoint)
+        except EndpointError as error:
+            out.append(f"endpoint: {error}")
         if not self.root.startswith("/") or self.root.endswith("/"):
             out.append(f"root: {self.root!r} must start with '/' and not end with one")
         if self.timeout_s <= 0:

@@ -18,7 +18,13 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from pollux.service.store import Conflict, FenceLost, StoreError, StoreUnavailable
+from pollux.service.store import (
+    Conflict,
+    FenceLost,
+    StoreError,
+    StoreUnavailable,
+    ValueTooLarge,
+)
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -110,8 +116,9 @@ class Violations:
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
     """The status code, message and `google.rpc` details a failed RPC returns for `error`.
 
-    A lost fence is UNAVAILABLE (retry: another replica leads now) and a lost compare is
-    ABORTED (re-read and retry); anything untyped is INTERNAL, named but never hidden. The
+    A lost fence is UNAVAILABLE (retry: another replica leads now), a lost compare ABORTED
+    (re-read and retry), a write over the store's size bounds RESOURCE_EXHAUSTED (retrying the
+    same write cannot help); anything untyped is INTERNAL, named but never hidden. The
     message and details are bounded whatever the error holds, so echoing user input can never
     exceed gRPC's metadata limit.
     """
@@ -144,6 +151,8 @@ def _status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
         return grpc.StatusCode.UNAVAILABLE, "this replica lost leadership; retry", []
     if isinstance(error, Conflict):
         return grpc.StatusCode.ABORTED, f"{error}", []
+    if isinstance(error, ValueTooLarge):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"cluster state store refused: {error}", []
     if isinstance(error, StoreError):
         return grpc.StatusCode.INTERNAL, f"store error: {error}", []
     return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}", []

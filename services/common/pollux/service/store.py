@@ -5,6 +5,7 @@ conditional writes compare mod revisions (optimistic concurrency), and a write m
 on behalf of the scheduler leader carries a `Fence`: the transaction also compares the
 create revision of the leader's election key, so a deposed leader's write fails inside etcd,
 atomically, whatever the process believes (docs/architecture.md §3, etcd's `Mutex.IsOwner`).
+Every write is checked against `MAX_VALUE_BYTES` and `MAX_TXN_BYTES` before it is sent.
 """
 
 from __future__ import annotations
@@ -21,11 +22,23 @@ import structlog
 from aetcd import rpc
 from google.protobuf.message import DecodeError, Message
 
+from pollux.service.etcd_target import aetcd_address
 from pollux.service.keys import DEFAULT_ROOT, Keys, Kind
 from pollux.v1 import types_pb2 as pb
 
 M = TypeVar("M", bound=Message)
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Largest etcd response the client receives (a range of thousands of jobs)."""
+MAX_TXN_BYTES = 1024 * 1024
+"""Largest transaction the store sends, serialized. etcd refuses a request over 1.5 MiB (its
+`--max-request-bytes` default) only after the whole request travelled; this bound is checked
+before sending and leaves a third of etcd's limit as headroom. The scheduler chunks a round's
+commit to it, so every legitimate transaction fits."""
+MAX_VALUE_BYTES = 512 * 1024
+"""Largest single value the store writes. Every stored message is bounded well below it by
+construction (a job spec by 64 KiB, a job's history by count and reason length, a profile by
+rows, replicas and shapes, a decision record by bytes); a value past it is a bug or unchecked
+input, refused with `ValueTooLarge` instead of growing etcd's database and every scan."""
 LARGE_SCAN = 256
 """Scans with more values than this are decoded off the event loop."""
 log = structlog.get_logger(__name__)
@@ -60,6 +73,25 @@ class FenceLost(StoreError):
 
 class CorruptValue(StoreError):
     """A stored value does not parse as the expected message."""
+
+
+class ValueTooLarge(StoreError):
+    """A write was refused before it was sent: a value or the whole transaction is too large.
+
+    Attributes:
+        key: The oversized value's key, or the largest value's key of an oversized transaction.
+        size: Bytes of the value or of the serialized transaction.
+        limit: The bound it exceeds (`MAX_VALUE_BYTES` or `MAX_TXN_BYTES`).
+    """
+
+    def __init__(self, what: str, key: bytes, size: int, limit: int) -> None:
+        super().__init__(
+            f"{what} is {size} bytes, over the store's limit of {limit} bytes "
+            f"({key.decode(errors='replace')}); nothing was written"
+        )
+        self.key = key
+        self.size = size
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +218,64 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def _compare_mod(e: Expect) -> Any:
+    return rpc.Compare(
+        key=e.key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=e.mod_revision
+    )
+
+
+def _op(op: Put | Delete) -> Any:
+    if isinstance(op, Put):
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease))
+    end = _prefix_end(op.key) if op.prefix else b""
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end))
+
+
+def _txn_request(ops: Sequence[Put | Delete], expect: Sequence[Expect], fence: Fence | None) -> Any:
+    """The TxnRequest of `Store.txn`: ops if every expect (and the fence) holds, else reads."""
+    compare = [_compare_mod(e) for e in expect]
+    failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=e.key)) for e in expect]
+    if fence is not None:
+        compare.append(
+            rpc.Compare(
+                key=fence.key,
+                target=rpc.Compare.CREATE,
+                result=rpc.Compare.EQUAL,
+                create_revision=fence.revision,
+            )
+        )
+        failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=fence.key)))
+    return rpc.TxnRequest(compare=compare, success=[_op(op) for op in ops], failure=failure)
+
+
+def txn_bytes(
+    ops: Sequence[Put | Delete], expect: Sequence[Expect] = (), fence: Fence | None = None
+) -> int:
+    """Serialized size of the transaction `Store.txn` sends for these arguments.
+
+    A TxnRequest holds only repeated fields, so sizes add up exactly: a transaction of several
+    groups of ops is the sum of the groups' sizes plus the fence's (how the scheduler chunks).
+    """
+    return int(_txn_request(ops, expect, fence).ByteSize())
+
+
+def _check_size(ops: Sequence[Put | Delete], request: Any) -> None:
+    """Refuse a transaction with a value over `MAX_VALUE_BYTES` or a size over `MAX_TXN_BYTES`.
+
+    Raises:
+        ValueTooLarge: Naming the key and the limit; nothing has been sent.
+    """
+    puts = [op for op in ops if isinstance(op, Put)]
+    for op in puts:
+        if len(op.value) > MAX_VALUE_BYTES:
+            raise ValueTooLarge("the value", op.key, len(op.value), MAX_VALUE_BYTES)
+    size = int(request.ByteSize())
+    if size > MAX_TXN_BYTES:
+        largest = max(puts, key=lambda op: len(op.value)).key if puts else b"?"
+        what = f"a transaction of {len(ops)} writes (largest value at the key below)"
+        raise ValueTooLarge(what, largest, size, MAX_TXN_BYTES)
+
+
 def decode(cls: type[M], data: bytes, key: bytes) -> M:
     """Parse a stored value, naming the key if it is corrupt."""
     message = cls()
@@ -213,14 +303,19 @@ class Store:
     async def connect(
         cls, endpoint: str, root: str = DEFAULT_ROOT, *, timeout_s: float = 5.0
     ) -> Store:
-        """Connect to etcd at ``host:port`` and return a store that owns the connection."""
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"etcd endpoint {endpoint!r} must be host:port")
+        """Connect to etcd and return a store that owns the connection.
+
+        `endpoint` is ``host:port``, or several members' endpoints comma-separated: requests
+        then fail over between them.
+
+        Raises:
+            ValueError: A malformed endpoint (etcd_target.EndpointError).
+        """
+        host, port = aetcd_address(endpoint)
         # Large clusters list thousands of jobs in one range; gRPC's 4 MiB default is too small.
         client = aetcd.Client(
             host=host,
-            port=int(port),
+            port=port,
             timeout=timeout_s,
             options={"grpc.max_receive_message_length": MAX_MESSAGE_BYTES},
         )
@@ -312,24 +407,11 @@ class Store:
         Raises:
             FenceLost: The fence's election key is gone or was re-created (nothing written).
             Conflict: An `expect` failed (nothing written).
+            ValueTooLarge: A value or the whole request is over its bound (nothing sent).
         """
-        compare = [self._compare_mod(e) for e in expect]
-        if fence is not None:
-            compare.append(
-                rpc.Compare(
-                    key=fence.key,
-                    target=rpc.Compare.CREATE,
-                    result=rpc.Compare.EQUAL,
-                    create_revision=fence.revision,
-                )
-            )
-        success = [self._op(op) for op in ops]
-        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=e.key)) for e in expect]
-        if fence is not None:
-            failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=fence.key)))
-        response = await self._call(
-            "Txn", rpc.TxnRequest(compare=compare, success=success, failure=failure)
-        )
+        request = _txn_request(ops, expect, fence)
+        _check_size(ops, request)
+        response = await self._call("Txn", request)
         if response.succeeded:
             return int(response.header.revision)
         ranges = [r.response_range for r in response.responses]
@@ -342,24 +424,6 @@ class Store:
             if actual != e.mod_revision:
                 raise Conflict(e.key)
         raise Conflict(expect[0].key if expect else b"?")
-
-    @staticmethod
-    def _compare_mod(e: Expect) -> Any:
-        return rpc.Compare(
-            key=e.key,
-            target=rpc.Compare.MOD,
-            result=rpc.Compare.EQUAL,
-            mod_revision=e.mod_revision,
-        )
-
-    @staticmethod
-    def _op(op: Put | Delete) -> Any:
-        if isinstance(op, Put):
-            return rpc.RequestOp(
-                request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease)
-            )
-        end = _prefix_end(op.key) if op.prefix else b""
-        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end))
 
     async def put(self, key: bytes, message: Message, *, lease: int = 0) -> int:
         """Unconditional write; returns its revision."""
@@ -524,26 +588,29 @@ class Store:
         """Write a job's profile (read at `expected`; 0 = new) and, if given, its model, atomically.
 
         Only while the job exists: a deleted job's agent cannot resurrect its keys.
+
+        Raises:
+            Conflict: The profile changed since `expected`, or the job is gone (nothing written).
+            ValueTooLarge: The profile or model is over its bound (nothing sent).
         """
         k = self.keys
         job_key = k.job(profile.job_id)
         ops: list[Put | Delete] = [Put(k.observations(profile.job_id), profile.SerializeToString())]
         if model is not None:
             ops.append(Put(k.model(profile.job_id), model.SerializeToString()))
-        compare = [self._compare_mod(Expect(k.observations(profile.job_id), expected))]
+        compare = [_compare_mod(Expect(k.observations(profile.job_id), expected))]
         compare.append(
             rpc.Compare(
                 key=job_key, target=rpc.Compare.VERSION, result=rpc.Compare.GREATER, version=0
             )
         )
-        response = await self._call(
-            "Txn",
-            rpc.TxnRequest(
-                compare=compare,
-                success=[self._op(op) for op in ops],
-                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=job_key))],
-            ),
+        request = rpc.TxnRequest(
+            compare=compare,
+            success=[_op(op) for op in ops],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=job_key))],
         )
+        _check_size(ops, request)
+        response = await self._call("Txn", request)
         if response.succeeded:
             return int(response.header.revision)
         if not response.responses[0].response_range.kvs:

@@ -40,12 +40,21 @@ from pollux.policy.types import (
     OracleInfo,
     Policy,
 )
-from pollux.scheduler.lifecycle import ACTIVE, S, transition
+from pollux.scheduler.lifecycle import ACTIVE, S, clipped, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
 
 MAX_RECORDED_PENDING = 1000
 """Jobs without GPUs recorded per decision beyond those holding GPUs (etcd values stay small)."""
+MAX_DECISION_BYTES = 256 * 1024
+"""Bytes of a decision record's jobs past which jobs without GPUs are no longer recorded.
+
+Jobs that hold or change GPUs are always recorded (their nodes add up to the cluster's GPUs:
+2048 single-GPU jobs with the policies' one-line reasons fill about 250 KiB, under the store's
+512 KiB per value); jobs without GPUs fill what is left of this budget. `explain` reads up to
+50 records per call and the scheduler keeps `decision_history` of them, so a record stays far
+smaller than a value may be.
+"""
 PLANNED_STOP = 143
 """Exit code of a replica that checkpointed after SIGTERM (docs/architecture.md §7)."""
 
@@ -121,31 +130,55 @@ def plan_round(
     record.objective = decision.objective if math.isfinite(decision.objective) else 0.0
     record.snapshot_revision = snapshot.revision
     record.scheduler_id = scheduler_id
-    gpus_total = int(total)
+    entries: list[pb.JobDecision] = []
     for job in active:
         new_nodes = tuple(decision.allocations.get(job.id, ()))
         old_nodes = tuple(job.allocation.nodes)
         explain = decision.explain.get(job.id)
         moved = Counter(new_nodes) != Counter(old_nodes)
-        if not (new_nodes or moved) and len(record.jobs) >= MAX_RECORDED_PENDING + gpus_total:
-            record.pending_not_recorded += 1  # keeps a round's record bounded in etcd
-        else:
-            record.jobs.add(
+        entries.append(
+            pb.JobDecision(
                 job_id=job.id,
                 nodes=list(new_nodes),
                 speedup=explain.speedup if explain else 0.0,
                 restart_penalty=explain.penalty if explain else 1.0,
-                reason=explain.reason if explain else "",
+                reason=clipped(explain.reason) if explain else "",
                 changed=moved,
             )
+        )
         if not moved:
             continue
         reason = explain.reason if explain else "re-allocated"
         _reallocate(job, new_nodes, now, round_number, reason, plan)
         changed[job.id] = job
+    _record_jobs(record, entries, max_entries=MAX_RECORDED_PENDING + int(total))
 
     plan.jobs = [(job, snapshot.jobs[job_id].mod_revision) for job_id, job in changed.items()]
     return plan
+
+
+def _record_jobs(record: pb.Decision, entries: list[pb.JobDecision], *, max_entries: int) -> None:
+    """Record `entries` in order, bounded so a round's record stays a small etcd value.
+
+    Every job that holds or changes GPUs is recorded. A job without GPUs is recorded while the
+    record has fewer than `max_entries` jobs and its bytes fit in what the GPU holders leave of
+    `MAX_DECISION_BYTES`; the others are counted in `pending_not_recorded` (explain then says
+    "waiting for GPUs").
+    """
+    holders = [e for e in entries if e.nodes or e.changed]
+    budget = MAX_DECISION_BYTES - sum(_entry_bytes(e) for e in holders)
+    for entry in entries:
+        if not (entry.nodes or entry.changed):
+            if len(record.jobs) >= max_entries or _entry_bytes(entry) > budget:
+                record.pending_not_recorded += 1
+                continue
+            budget -= _entry_bytes(entry)
+        record.jobs.append(entry)
+
+
+def _entry_bytes(entry: pb.JobDecision) -> int:
+    """An entry's bytes in the record: its own, a tag and a length (under 4 bytes together)."""
+    return int(entry.ByteSize()) + 4
 
 
 def _statuses_by_job(

@@ -2,7 +2,9 @@
 
 Every state change goes through `transition`, which refuses edges not in the table and appends
 (state, time, reason) to the job's history, so `pollux-cli describe` can say why a job is where
-it is from stored data alone.
+it is from stored data alone. The history is bounded (the first entry and the latest
+`MAX_RECENT_HISTORY`, each reason at most `MAX_REASON_CHARS`), so a job rescaled every round
+for a year stays a small etcd value.
 """
 
 from __future__ import annotations
@@ -10,6 +12,14 @@ from __future__ import annotations
 from pollux.v1 import types_pb2 as pb
 
 S = pb.JobState
+
+MAX_RECENT_HISTORY = 64
+"""Latest transitions a job keeps besides its first (submission). Rescaling adds one or two per
+round, forever; the latest 64 cover hours of a busy job, which is what "why is it pending,
+why did it restart" needs, and keep a job record well inside the round's transaction budget."""
+MAX_REASON_CHARS = 256
+"""A transition's reason is cut to this many characters (with "…"): reasons name nodes and
+carry policy and replica text, which is unbounded in principle."""
 
 TRANSITIONS: dict[int, frozenset[int]] = {
     S.JOB_STATE_PENDING: frozenset(
@@ -74,10 +84,23 @@ def transition(job: pb.Job, target: int, now: float, reason: str) -> None:
     if target not in TRANSITIONS.get(job.state, frozenset()):
         raise IllegalTransition(job.id, job.state, target)
     job.state = target  # type: ignore[assignment]
-    entry = job.history.add(state=target, reason=reason)
+    entry = job.history.add(state=target, reason=clipped(reason))
     entry.time.FromNanoseconds(int(now * 1e9))
+    _trim_history(job)
     if target in TERMINAL:
         job.finish_time.FromNanoseconds(int(now * 1e9))
+
+
+def clipped(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """`text` cut to `limit` characters, the last one an ellipsis when it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _trim_history(job: pb.Job) -> None:
+    """Keep the first transition and the latest `MAX_RECENT_HISTORY`, dropping those between."""
+    excess = len(job.history) - 1 - MAX_RECENT_HISTORY
+    if excess > 0:
+        del job.history[1 : 1 + excess]
 
 
 def state_name(state: int) -> str:

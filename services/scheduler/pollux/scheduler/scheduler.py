@@ -28,6 +28,7 @@ from pollux.scheduler.leader import Election, LeadershipLost
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import (
+    MAX_TXN_BYTES,
     Conflict,
     Delete,
     Expect,
@@ -36,7 +37,9 @@ from pollux.service.store import (
     Put,
     Store,
     StoreError,
+    ValueTooLarge,
     cancel_and_wait,
+    txn_bytes,
 )
 from pollux.v1 import types_pb2 as pb
 
@@ -47,25 +50,23 @@ ROUND_SECONDS = Histogram("pollux_scheduler_round_seconds", "Round duration", ["
 LEADER = Gauge("pollux_scheduler_is_leader", "1 while this replica leads")
 JOBS_PER_TXN = 40
 """Jobs per commit transaction: 2 ops each stays under etcd's default 128 ops per txn."""
-BYTES_PER_TXN = 1024 * 1024
-"""Value bytes per commit transaction, under etcd's default 1.5 MiB request limit. A job
-record is bounded (its spec by SubmitJob validation), so one job always fits."""
 
 Group = tuple[list[Put | Delete], list[Expect]]
 
 
 def chunked(groups: list[Group], *, max_jobs: int, max_bytes: int) -> list[list[Group]]:
-    """Split per-job write groups into transactions by count and by bytes, in order.
+    """Split per-job write groups into transactions by count and by serialized bytes, in order.
 
+    A group weighs what it adds to a transaction request (`txn_bytes`: sizes add up exactly).
     A group is never split (a job's record and allocation change together); a group larger
-    than `max_bytes` alone makes a transaction of its own.
+    than `max_bytes` alone makes a transaction of its own (which the store then refuses).
     """
     out: list[list[Group]] = []
     current: list[Group] = []
     size = 0
     for group in groups:
-        ops, _ = group
-        weight = sum(len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in ops)
+        ops, expect = group
+        weight = txn_bytes(ops, expect)
         if current and (len(current) >= max_jobs or size + weight > max_bytes):
             out.append(current)
             current, size = [], 0
@@ -74,6 +75,20 @@ def chunked(groups: list[Group], *, max_jobs: int, max_bytes: int) -> list[list[
     if current:
         out.append(current)
     return out
+
+
+def commit_batches(groups: list[Group], fence: Fence) -> list[Group]:
+    """A round's job writes as the fenced transactions the store accepts, in order.
+
+    Each holds at most `JOBS_PER_TXN` jobs and, with the fence's compare, at most the store's
+    `MAX_TXN_BYTES`. A job record is bounded (its spec by SubmitJob validation, its history by
+    the lifecycle), so one job always fits.
+    """
+    budget = MAX_TXN_BYTES - txn_bytes((), fence=fence)
+    return [
+        ([op for ops, _ in chunk for op in ops], [e for _, exp in chunk for e in exp])
+        for chunk in chunked(groups, max_jobs=JOBS_PER_TXN, max_bytes=budget)
+    ]
 
 
 def make_policy(name: str, restart_delay_s: float) -> Policy:
@@ -192,6 +207,11 @@ class Scheduler:
                     ROUNDS.labels("conflict").inc()
                     await asyncio.sleep(0.1)
                     continue
+                except ValueTooLarge as error:
+                    # A bound was broken (a bug, not a lost leadership): keep leading, say so
+                    # loudly, and retry at the next interval rather than re-campaign in a loop.
+                    log.error("round_too_large", key=error.key.decode(), error=str(error))
+                    ROUNDS.labels("too_large").inc()
                 await self._wait_for_next(session)
         finally:
             await cancel_and_wait(watcher)
@@ -272,12 +292,8 @@ class Scheduler:
             groups.append((ops, [Expect(keys.job(job.id), expected)]))
         # Each job's record and allocation change together; a round's jobs are committed in
         # chunks (etcd limits ops and bytes per txn), every chunk fenced. The decision goes last.
-        for chunk in chunked(groups, max_jobs=JOBS_PER_TXN, max_bytes=BYTES_PER_TXN):
-            await self.store.txn(
-                [op for ops, _ in chunk for op in ops],
-                expect=[e for _, exp in chunk for e in exp],
-                fence=fence,
-            )
+        for ops, expect in commit_batches(groups, fence):
+            await self.store.txn(ops, expect=expect, fence=fence)
         history = self.config.scheduling.decision_history
         tail: list[Put | Delete] = [Put(keys.decision(number), plan.decision.SerializeToString())]
         if number > history:

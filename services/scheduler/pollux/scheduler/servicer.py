@@ -185,7 +185,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 await asyncio.sleep(0.01)
                 continue
             self.on_change()
-            log.info("job_cancel_requested", job_id=job.id, reason=request.reason)
+            log.info("job_cancel_requested", job_id=job.id, reason=shown(request.reason, 200))
             await self._leader_metadata(context)
             return spb.CancelJobResponse(job=job)
         raise Conflict(self.store.keys.job(request.job_id))
