@@ -78,6 +78,9 @@ class LocalCluster:
         lease_ttl_s: Scheduler leadership lease TTL.
         restart_delay_s: Re-allocation cost the Pollux policy assumes (restarts are quick on
             one machine; a GPU cluster's default is 30 s).
+        etcd_members: etcd cluster members (3 tolerates the loss of one).
+        registration_ttl_s: Lease TTL of agent and launcher registrations; None keeps the
+            services' default (10 s). The fault suite shortens it.
     """
 
     workdir: Path
@@ -88,14 +91,20 @@ class LocalCluster:
     interval_s: float = 5.0
     lease_ttl_s: int = 3
     restart_delay_s: float = 3.0
+    etcd_members: int = 1
+    registration_ttl_s: int | None = None
     etcd: Proc | None = None
+    """The first etcd member."""
+    etcd_procs: list[Proc] = field(default_factory=list)
+    """Every etcd member, in member order."""
     procs: dict[str, Proc] = field(default_factory=dict)
+    _etcd_ports: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def etcd_endpoint(self) -> str:
-        """host:port of etcd."""
-        assert self.etcd is not None, "cluster not started"
-        return self.etcd.address
+        """host:port of etcd; with several members, every member's, comma-separated."""
+        assert self._etcd_ports, "cluster not started"
+        return ",".join(f"127.0.0.1:{client}" for client, _ in self._etcd_ports)
 
     @property
     def scheduler_addresses(self) -> list[str]:
@@ -124,7 +133,13 @@ class LocalCluster:
         return self
 
     def _spawn(
-        self, name: str, argv: list[str], port: int, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        *,
+        wait: bool = True,
     ) -> Proc:
         log = self.workdir / "logs" / f"{name}.log"
         # Replicas inherit the launcher's environment: `python` in a job's command is then the
@@ -139,38 +154,68 @@ class LocalCluster:
                 start_new_session=True,
             )
         proc = Proc(name, process, port, log)
-        wait_for_port(port, process, name, timeout=30)
+        if wait:
+            wait_for_port(port, process, name, timeout=30)
         return proc
 
     def _start_etcd(self) -> None:
+        # Members are waited for only once all were started: a member of a new multi-member
+        # cluster joins once its peers are up.
+        self._etcd_ports = [(free_port(), free_port()) for _ in range(self.etcd_members)]
+        self.etcd_procs = [self._spawn_etcd(i) for i in range(self.etcd_members)]
+        self.etcd = self.etcd_procs[0]
+        for member in self.etcd_procs:
+            wait_for_port(member.port, member.process, member.name, timeout=30)
+
+    def restart_etcd(self) -> None:
+        """Start every etcd member again (after all were killed), then wait for them."""
+        self.etcd_procs = [self._spawn_etcd(i) for i in range(len(self._etcd_ports))]
+        self.etcd = self.etcd_procs[0]
+        for member in self.etcd_procs:
+            wait_for_port(member.port, member.process, member.name, timeout=30)
+
+    def restart_etcd_member(self, index: int) -> Proc:
+        """Start etcd member `index` again on its ports and data directory (after a kill)."""
+        proc = self._spawn_etcd(index)
+        self.etcd_procs[index] = proc
+        self.etcd = self.etcd_procs[0]
+        wait_for_port(proc.port, proc.process, proc.name, timeout=30)
+        return proc
+
+    def _spawn_etcd(self, index: int) -> Proc:
         etcd = shutil.which("etcd")
         if etcd is None:
             raise RuntimeError("etcd is not installed: apt-get install etcd-server")
-        client, peer = free_port(), free_port()
-        data = self.workdir / "etcd"
-        self.etcd = self._spawn(
-            "etcd",
-            [
-                etcd,
-                "--name=pollux-local",
-                f"--data-dir={data}",
-                f"--listen-client-urls=http://127.0.0.1:{client}",
-                f"--advertise-client-urls=http://127.0.0.1:{client}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-cluster=pollux-local=http://127.0.0.1:{peer}",
-                "--max-txn-ops=1024",
-                "--log-level=error",
-            ],
-            client,
+        peers = ",".join(
+            f"pollux-local-{i}=http://127.0.0.1:{peer}"
+            for i, (_, peer) in enumerate(self._etcd_ports)
         )
+        client, peer = self._etcd_ports[index]
+        name = "etcd" if index == 0 else f"etcd-{index}"
+        argv = [
+            etcd,
+            f"--name=pollux-local-{index}",
+            f"--data-dir={self.workdir / name}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster={peers}",
+            "--max-txn-ops=1024",
+            "--log-level=error",
+        ]
+        return self._spawn(name, argv, client, wait=False)
 
     def _start_service(self, name: str, module: str, *flags: str) -> Proc:
         """Start `python -m module` on a free loopback port with the common flags."""
         port = free_port()
         command = [sys.executable, "-m", module, "--etcd", self.etcd_endpoint]
         command += ["--listen", f"127.0.0.1:{port}", *flags]
-        proc = self._spawn(name, command, port)
+        env = {}
+        if self.registration_ttl_s is not None:
+            ttl = str(self.registration_ttl_s)
+            env = {"POLLUX_AGENT_LEASE_TTL_S": ttl, "POLLUX_LAUNCHER_LEASE_TTL_S": ttl}
+        proc = self._spawn(name, command, port, env)
         self.procs[name] = proc
         return proc
 
@@ -221,13 +266,15 @@ class LocalCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self.etcd is not None and self.etcd.process.poll() is None:
-            self.etcd.process.terminate()
+        for member in self.etcd_procs:
+            if member.process.poll() is None:
+                member.process.terminate()
+        for member in self.etcd_procs:
             try:
-                self.etcd.process.wait(10)
+                member.process.wait(10)
             except subprocess.TimeoutExpired:
-                self.etcd.process.kill()
-                self.etcd.process.wait()
+                member.process.kill()
+                member.process.wait()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

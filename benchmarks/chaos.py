@@ -1,0 +1,543 @@
+"""Fault suite: a local cluster running real jobs, hit by random faults, checked after each.
+
+A `LocalCluster` on loopback (3 etcd members, 2 scheduler replicas, 2 agents, 2 launchers with
+2 CPU slots each; agent and launcher leases of 4 s) runs `chaos_job.py` jobs submitted through
+the API, kept at `--jobs` active at a time. Each cycle injects one fault, chosen at random:
+
+    scheduler_kill     kill -9 a scheduler replica (the leader half the time), restart it
+    agent_kill         kill -9 an agent, restart it (on a new port: replicas must follow)
+    launcher_kill      kill -9 a launcher, restart it
+    launcher_stop      SIGSTOP a launcher past its lease, then SIGCONT
+    etcd_member_kill   kill -9 one of the 3 etcd members, restart it
+    etcd_restart       kill -9 every etcd member, restart them
+    etcd_then_leader   restart etcd as above, then kill -9 the leading scheduler
+
+and, before each fault, submits an oversized spec and one with a NUL byte (both must be
+refused with INVALID_ARGUMENT). After the fault is healed the cycle waits for recovery: a
+scheduler leads and every job that was active has ticked again (or ended). Then it checks:
+
+    lost        an accepted job the API no longer knows
+    stuck       a job that neither ended nor progressed within `--stuck-after` seconds
+    overlaps    two generations of one job that ticked at the same time (from the ticks files)
+    corrupted   a checkpoint that failed its digest (the job writes CORRUPT)
+    leaked      a replica alive on a node (by /proc, or by its launcher's ListReplicas)
+                that is not part of its job's current allocation, after the stop grace
+    failed      a job that ended FAILED (no fault should fail a job)
+    bad_accepted an oversized or NUL-byte spec that was accepted
+
+and prints the counts with recovery seconds (p50, max) per fault. Exit status 1 if any count
+is not 0. Everything runs on loopback under `--workdir` and is stopped at the end.
+
+    python benchmarks/chaos.py [--cycles 200] [--seed 1] [--jobs 3] [--short] [--json FILE]
+
+`--short` runs each fault once, in order (the form the test suite runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+
+from pollux.client import Client, Job, JobSpec
+from pollux.client.errors import InvalidArgumentError, NotFoundError, PolluxError
+from pollux.launcher.fence import FENCE_VAR
+from pollux.service.local_cluster import LocalCluster
+from pollux.v1 import launcher_service_pb2 as lpb
+from pollux.v1 import launcher_service_pb2_grpc as lpb_grpc
+
+T = TypeVar("T")
+JOB = Path(__file__).resolve().parent / "chaos_job.py"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+REGISTRATION_TTL_S = 4
+STOP_GRACE_S = 5
+
+
+@dataclass
+class Tally:
+    """What the suite counts."""
+
+    cycles: int = 0
+    lost: int = 0
+    stuck: int = 0
+    overlaps: int = 0
+    corrupted: int = 0
+    leaked: int = 0
+    failed: int = 0
+    bad_accepted: int = 0
+    recovery: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    findings: list[str] = field(default_factory=list)
+
+    def problems(self) -> int:
+        """Every count that must be 0, summed."""
+        counts = (self.lost, self.stuck, self.overlaps, self.corrupted, self.leaked)
+        return sum(counts) + self.failed + self.bad_accepted
+
+    def note(self, what: str) -> None:
+        """Record and print one finding."""
+        self.findings.append(what)
+        print(f"  FINDING: {what}", flush=True)
+
+
+class Suite:
+    """The cluster, the jobs submitted to it, and the checks."""
+
+    def __init__(self, cluster: LocalCluster, rng: random.Random, args: argparse.Namespace):
+        self.cluster = cluster
+        self.rng = rng
+        self.args = args
+        self.tally = Tally()
+        self.accepted: dict[str, str] = {}
+        """Job id -> last state seen."""
+        self.checkpoints = cluster.workdir / "checkpoints"
+
+    # -- API ----------------------------------------------------------------------------------
+
+    def client(self) -> Client:
+        """A client of the scheduler replicas alive now (their ports change on restart)."""
+        return Client(self.cluster.scheduler_addresses, timeout_s=5.0)
+
+    def with_client(self, call: Callable[[Client], T], attempts: int = 30) -> T:
+        """Call the API, retrying through failovers (UNAVAILABLE) for up to ~30 s."""
+        for attempt in range(attempts):
+            try:
+                with self.client() as client:
+                    return call(client)
+            except PolluxError as error:
+                if isinstance(error, InvalidArgumentError | NotFoundError):
+                    raise
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    def top_up(self) -> None:
+        """Submit jobs until `--jobs` are active."""
+        active = [j for j, state in self.accepted.items() if state not in TERMINAL]
+        for _ in range(self.args.jobs - len(active)):
+            steps = self.rng.randint(self.args.steps // 2, self.args.steps)
+            spec = JobSpec(
+                name="chaos",
+                command=(sys.executable, str(JOB), str(steps)),
+                initial_batch_size=64,
+                max_batch_size=512,
+                max_replicas=self.rng.choice((1, 2, 4)),
+                stop_grace_s=STOP_GRACE_S,
+            )
+            job = self.submit(spec, uuid.uuid4().hex)
+            self.accepted[job.id] = job.state
+
+    def submit(self, spec: JobSpec, request_id: str) -> Job:
+        """Submit through failovers (the request id makes retries create one job)."""
+
+        def call(client: Client) -> Job:
+            return client.submit(spec, request_id=request_id)
+
+        job: Job = self.with_client(call)
+        return job
+
+    def bad_submits(self) -> None:
+        """An oversized spec and a NUL-byte spec must both be refused."""
+        bad = [
+            JobSpec(
+                name="oversized", command=("true",), initial_batch_size=8, env={"X": "x" * 70_000}
+            ),
+            JobSpec(name="nul", command=("true",), initial_batch_size=8, working_dir="/tmp\0x"),
+        ]
+        for spec in bad:
+            try:
+                job = self.submit(spec, uuid.uuid4().hex)
+            except InvalidArgumentError:
+                continue
+            self.tally.bad_accepted += 1
+            self.tally.note(f"bad spec {spec.name!r} accepted as {job.id}")
+
+    def get(self, job_id: str) -> Job:
+        """One job through failovers."""
+
+        def call(client: Client) -> Job:
+            return client.get_job(job_id)
+
+        job: Job = self.with_client(call)
+        return job
+
+    def refresh(self) -> dict[str, Job]:
+        """Every accepted job as the API sees it now; counts the lost ones."""
+        jobs = {}
+        for job_id in list(self.accepted):
+            try:
+                job = self.get(job_id)
+            except NotFoundError:
+                self.tally.lost += 1
+                self.tally.note(f"job {job_id} lost")
+                del self.accepted[job_id]
+                continue
+            state = job.state
+            if state == "FAILED" and self.accepted[job_id] != "FAILED":
+                self.tally.failed += 1
+                self.tally.note(f"job {job_id} failed: {job.history[-1].reason}")
+            self.accepted[job_id] = state
+            jobs[job_id] = job
+        return jobs
+
+    def leader(self) -> str:
+        """The leading scheduler's id, or "" (none leads, or none answers)."""
+        try:
+            with self.client() as client:
+                return client.cluster_status().leader_id
+        except PolluxError:
+            return ""
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def fault(self, kind: str) -> None:
+        """Inject one fault of `kind` and heal it (restart, SIGCONT)."""
+        cluster, rng = self.cluster, self.rng
+        if kind in ("scheduler_kill", "etcd_then_leader"):
+            if kind == "etcd_then_leader":
+                self.restart_etcd()
+            names = sorted(n for n in cluster.procs if n.startswith("scheduler"))
+            leader = self.leader()
+            victim = leader if leader in names and rng.random() < 0.5 else rng.choice(names)
+            if kind == "etcd_then_leader" and leader in names:
+                victim = leader
+            self.kill(victim)
+            cluster.start_scheduler(victim)
+        elif kind == "agent_kill":
+            victim = rng.choice(sorted(n for n in cluster.procs if n.startswith("agent")))
+            self.kill(victim)
+            cluster.start_agent(victim)
+        elif kind == "launcher_kill":
+            victim = rng.choice(sorted(n for n in cluster.procs if n.startswith("node")))
+            self.kill(victim)
+            cluster.start_launcher(victim)
+        elif kind == "launcher_stop":
+            victim = rng.choice(sorted(n for n in cluster.procs if n.startswith("node")))
+            pid = cluster.procs[victim].process.pid
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(REGISTRATION_TTL_S + 2 + rng.random() * 2)
+            os.kill(pid, signal.SIGCONT)
+        elif kind == "etcd_member_kill":
+            index = rng.randrange(len(cluster.etcd_procs))
+            member = cluster.etcd_procs[index].process
+            member.kill()
+            member.wait()
+            time.sleep(1 + rng.random() * 2)
+            cluster.restart_etcd_member(index)
+        elif kind == "etcd_restart":
+            self.restart_etcd()
+        else:
+            raise ValueError(kind)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service process (its process group: never its replicas or watchdog)."""
+        process = self.cluster.procs[name].process
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def restart_etcd(self) -> None:
+        """SIGKILL every etcd member, then start them all again."""
+        for member in self.cluster.etcd_procs:
+            member.process.kill()
+            member.process.wait()
+        time.sleep(0.5 + self.rng.random())
+        self.cluster.restart_etcd()
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def last_ns(self, job_id: str, name: str) -> int:
+        """Wall-clock ns of the newest line of the job's `name` file (ticks, reports); 0: none."""
+        try:
+            with (self.checkpoints / job_id / name).open("rb") as lines:
+                lines.seek(0, os.SEEK_END)
+                lines.seek(max(0, lines.tell() - 200))
+                tail = lines.read().splitlines()
+        except OSError:
+            return 0
+        for line in reversed(tail):
+            parts = line.split()
+            if name == "ticks" and len(parts) == 5:
+                return int(parts[3])
+            if name == "reports" and len(parts) == 2:
+                return int(parts[0])
+        return 0
+
+    def recover(self, active: list[str], healed_ns: int) -> float | None:
+        """Seconds from the heal until the cluster works again; None if it did not in time.
+
+        Works: a scheduler leads, and every job that was active has ended or has both ticked
+        and had a metrics report taken by an agent since the heal.
+        """
+        start = time.monotonic()
+        waiting = set(active)
+        leader = ""
+        refreshed = start
+        while time.monotonic() - start < self.args.stuck_after:
+            leader = leader or self.leader()
+            waiting = {
+                j
+                for j in waiting
+                if min(self.last_ns(j, "ticks"), self.last_ns(j, "reports")) <= healed_ns
+            }
+            if waiting and time.monotonic() - refreshed > 3.0:
+                refreshed = time.monotonic()
+                jobs = self.refresh()
+                waiting = {j for j in waiting if j in jobs and self.accepted[j] not in TERMINAL}
+            if leader and not waiting:
+                return time.monotonic() - start
+            time.sleep(0.2)
+        if not leader:
+            self.tally.stuck += 1
+            self.tally.note("no scheduler leads")
+        for job_id in sorted(waiting):
+            self.tally.stuck += 1
+            self.tally.note(f"job {job_id} stuck in {self.accepted.get(job_id)}")
+        return None
+
+    def replica_processes(self) -> dict[int, tuple[str, int]]:
+        """Map pid -> (job, generation) of every live replica process of this cluster, by /proc."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = dict(
+                    item.split(b"=", 1)
+                    for item in (entry / "environ").read_bytes().split(b"\0")
+                    if b"=" in item
+                )
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, ValueError):
+                continue
+            if FENCE_VAR.encode() not in environ or state == "Z":
+                continue
+            directory = environ.get(b"POLLUX_CHECKPOINT_DIR", b"").decode()
+            if not directory.startswith(str(self.checkpoints)):
+                continue
+            found[int(entry.name)] = (
+                environ[b"POLLUX_JOB_ID"].decode(),
+                int(environ[b"POLLUX_ALLOCATION_GEN"]),
+            )
+        return found
+
+    def launcher_replicas(self) -> set[tuple[str, str, int]]:
+        """(node, job, generation) of every replica a launcher reports as running."""
+        out = set()
+        for name, proc in self.cluster.procs.items():
+            if not name.startswith("node") or proc.process.poll() is not None:
+                continue
+            with grpc.insecure_channel(proc.address) as channel:
+                try:
+                    reply = lpb_grpc.LauncherServiceStub(channel).ListReplicas(
+                        lpb.ListReplicasRequest(), timeout=5.0
+                    )
+                except grpc.RpcError:
+                    continue
+            for status in reply.replicas:
+                if status.phase == 1:  # REPLICA_PHASE_RUNNING
+                    out.add((name, status.job_id, status.generation))
+        return out
+
+    def stale(self) -> tuple[set[int], set[tuple[str, str, int]]]:
+        """Replica processes, and launcher-reported replicas, of no current allocation."""
+        jobs = self.refresh()
+
+        def current(job_id: str, generation: int) -> bool:
+            job = jobs.get(job_id)
+            if job is None or job.state in TERMINAL:
+                return False
+            allocation = job.allocation
+            return allocation is not None and allocation.generation == generation
+
+        processes = {p for p, (j, g) in self.replica_processes().items() if not current(j, g)}
+        reported = {(n, j, g) for n, j, g in self.launcher_replicas() if not current(j, g)}
+        return processes, reported
+
+    def check_leaks(self) -> None:
+        """Stale replicas seen twice, a stop grace apart (stops in flight are not leaks)."""
+        first_processes, first_reported = self.stale()
+        if not first_processes and not first_reported:
+            return
+        time.sleep(STOP_GRACE_S + REGISTRATION_TTL_S)
+        processes, reported = self.stale()
+        for pid in sorted(first_processes & processes):
+            self.tally.leaked += 1
+            self.tally.note(f"replica process {pid} outlived its allocation")
+        for node, job_id, generation in sorted(first_reported & reported):
+            self.tally.leaked += 1
+            self.tally.note(f"{node} holds a slot for {job_id} generation {generation}")
+
+    def check_files(self) -> None:
+        """Overlapping generations and corrupted checkpoints, from every job's directory."""
+        self.tally.overlaps = 0
+        self.tally.corrupted = 0
+        for directory in sorted(self.checkpoints.glob("*")):
+            if (directory / "CORRUPT").exists():
+                self.tally.corrupted += 1
+                self.tally.note(f"{directory.name}: {(directory / 'CORRUPT').read_text().strip()}")
+            try:
+                ticks = (directory / "ticks").read_bytes()
+            except OSError:
+                continue
+            for old, new, seconds in overlapping_generations(ticks):
+                self.tally.overlaps += 1
+                self.tally.note(
+                    f"{directory.name}: generations {old} and {new} overlapped {seconds:.2f} s"
+                )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def cycle(self, number: int, kind: str) -> None:
+        """Top up the jobs, try bad specs, inject the fault, wait for recovery, check."""
+        self.top_up()
+        self.bad_submits()
+        self.refresh()
+        active = [j for j, state in self.accepted.items() if state not in TERMINAL]
+        began = time.monotonic()
+        self.fault(kind)
+        healed_ns = time.time_ns()
+        seconds = self.recover(active, healed_ns)
+        if seconds is not None:
+            self.tally.recovery[kind].append(seconds)
+        self.check_leaks()
+        self.check_files()
+        self.tally.cycles += 1
+        shown = "stuck" if seconds is None else f"recovered in {seconds:.1f} s"
+        print(
+            f"cycle {number:3d} {kind:17s} {time.monotonic() - began:5.1f} s, {shown}; "
+            f"jobs {len(self.accepted)}, problems {self.tally.problems()}",
+            flush=True,
+        )
+
+
+def overlapping_generations(ticks: bytes) -> list[tuple[int, int, float]]:
+    """(older, newer, seconds) for each pair of consecutive generations that ticked at once.
+
+    Generation g and g+k overlap when g's last tick is later than g+k's first; ticks are a
+    few hundred ms apart, so any overlap longer than that shows.
+    """
+    spans: dict[int, tuple[int, int]] = {}
+    for line in ticks.splitlines():
+        parts = line.split()
+        if len(parts) != 5:
+            continue  # a line cut short by a kill
+        generation, stamp = int(parts[0]), int(parts[3])
+        first, last = spans.get(generation, (stamp, stamp))
+        spans[generation] = (min(first, stamp), max(last, stamp))
+    found = []
+    ordered = sorted(spans.items())
+    for (old, (_, old_last)), (new, (new_first, _)) in itertools.pairwise(ordered):
+        if old_last > new_first:
+            found.append((old, new, (old_last - new_first) / 1e9))
+    return found
+
+
+FAULTS = (
+    "scheduler_kill",
+    "agent_kill",
+    "launcher_kill",
+    "launcher_stop",
+    "etcd_member_kill",
+    "etcd_restart",
+    "etcd_then_leader",
+)
+
+
+def report(tally: Tally, wall_s: float) -> dict[str, object]:
+    """Print the figures; returns them (for --json)."""
+    every = [s for values in tally.recovery.values() for s in values]
+    figures: dict[str, object] = {
+        "cycles": tally.cycles,
+        "lost": tally.lost,
+        "stuck": tally.stuck,
+        "overlapping_generations": tally.overlaps,
+        "corrupted_checkpoints": tally.corrupted,
+        "leaked_slots": tally.leaked,
+        "failed_jobs": tally.failed,
+        "bad_specs_accepted": tally.bad_accepted,
+        "recovery_p50_s": round(statistics.median(every), 2) if every else None,
+        "recovery_max_s": round(max(every), 2) if every else None,
+        "wall_s": round(wall_s, 1),
+        "by_fault": {
+            kind: {
+                "cycles": len(values),
+                "p50_s": round(statistics.median(values), 2),
+                "max_s": round(max(values), 2),
+            }
+            for kind, values in sorted(tally.recovery.items())
+        },
+        "findings": tally.findings,
+    }
+    print()
+    for key in list(figures)[:11]:
+        print(f"{key:26s} {figures[key]}")
+    print(f"{'fault':17s} {'cycles':>6s} {'p50 s':>7s} {'max s':>7s}")
+    for kind, row in figures["by_fault"].items():  # type: ignore[attr-defined]
+        print(f"{kind:17s} {row['cycles']:6d} {row['p50_s']:7.2f} {row['max_s']:7.2f}")
+    return figures
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=3, help="jobs kept active")
+    parser.add_argument("--steps", type=int, default=400, help="most steps of a job (0.2 s each)")
+    parser.add_argument("--stuck-after", type=float, default=90.0, help="progress bound, s")
+    parser.add_argument("--short", action="store_true", help="each fault once, in order")
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-chaos-"))
+    rng = random.Random(args.seed)
+    cluster = LocalCluster(
+        workdir,
+        nodes=2,
+        gpus_per_node=2,
+        schedulers=2,
+        agents=2,
+        interval_s=2.0,
+        lease_ttl_s=3,
+        restart_delay_s=1.0,
+        etcd_members=3,
+        registration_ttl_s=REGISTRATION_TTL_S,
+    )
+    kinds = list(FAULTS) if args.short else [rng.choice(FAULTS) for _ in range(args.cycles)]
+    began = time.monotonic()
+    signal.signal(signal.SIGTERM, _terminate)  # stop the cluster on the way out
+    print(f"fault suite: {len(kinds)} cycles in {workdir}", flush=True)
+    with cluster:
+        suite = Suite(cluster, rng, args)
+        for number, kind in enumerate(kinds, 1):
+            suite.cycle(number, kind)
+        suite.refresh()
+        suite.check_files()
+    figures = report(suite.tally, time.monotonic() - began)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 1 if suite.tally.problems() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The fault suite's overlap detector (benchmarks/chaos.py), on hand-written tick files."""
+
+from __future__ import annotations
+
+from benchmarks.chaos import overlapping_generations
+
+
+def ticks(*rows: tuple[int, int]) -> bytes:
+    """Tick lines for (generation, time in ms) rows, in the job's format."""
+    return b"".join(f"{g} 0 {i} {ms * 1_000_000} 100\n".encode() for i, (g, ms) in enumerate(rows))
+
+
+def test_generations_one_after_another_do_not_overlap() -> None:
+    assert overlapping_generations(ticks((1, 0), (1, 200), (2, 900), (2, 1100), (4, 1500))) == []
+
+
+def test_an_old_generation_ticking_after_the_new_one_started_is_an_overlap() -> None:
+    # Generation 1 kept running (its launcher stopped) while generation 2 started.
+    found = overlapping_generations(ticks((1, 0), (2, 300), (1, 400), (1, 600), (2, 700)))
+    assert found == [(1, 2, 0.3)]
+
+
+def test_a_line_cut_short_by_a_kill_is_ignored() -> None:
+    assert overlapping_generations(ticks((1, 0), (2, 500)) + b"1 0 7 99") == []
