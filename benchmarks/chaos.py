@@ -371,16 +371,22 @@ class Suite:
         return processes, reported
 
     def check_leaks(self) -> None:
-        """Stale replicas seen twice, a stop grace apart (stops in flight are not leaks)."""
-        first_processes, first_reported = self.stale()
-        if not first_processes and not first_reported:
-            return
-        time.sleep(STOP_GRACE_S + REGISTRATION_TTL_S)
+        """Stale replicas still there after the stop grace (stops in flight are not leaks).
+
+        Re-checked every second; what is stale at the first look and still stale once
+        `STOP_GRACE_S` + a lease ttl have passed is a leak.
+        """
         processes, reported = self.stale()
-        for pid in sorted(first_processes & processes):
+        deadline = time.monotonic() + STOP_GRACE_S + REGISTRATION_TTL_S
+        while (processes or reported) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            now_processes, now_reported = self.stale()
+            processes &= now_processes
+            reported &= now_reported
+        for pid in sorted(processes):
             self.tally.leaked += 1
             self.tally.note(f"replica process {pid} outlived its allocation")
-        for node, job_id, generation in sorted(first_reported & reported):
+        for node, job_id, generation in sorted(reported):
             self.tally.leaked += 1
             self.tally.note(f"{node} holds a slot for {job_id} generation {generation}")
 
