@@ -286,6 +286,20 @@ def decode(cls: type[M], data: bytes, key: bytes) -> M:
     return message
 
 
+def side_state_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
+    """Deletes of everything stored for a job besides its record.
+
+    That is its idempotency key, model, observation profile, allocation and replica statuses.
+    """
+    return [
+        Delete(keys.request(job.request_id)),
+        Delete(keys.model(job.id)),
+        Delete(keys.observations(job.id)),
+        Delete(keys.allocation(job.id)),
+        Delete(keys.replicas_of(job.id), prefix=True),
+    ]
+
+
 class Store:
     """The cluster state in etcd, typed by entity.
 
@@ -543,14 +557,7 @@ class Store:
         """Delete a job with its request index, model, observations, allocation and replicas."""
         k = self.keys
         await self.txn(
-            [
-                Delete(k.job(job.id)),
-                Delete(k.request(job.request_id)),
-                Delete(k.model(job.id)),
-                Delete(k.observations(job.id)),
-                Delete(k.allocation(job.id)),
-                Delete(k.replicas_of(job.id), prefix=True),
-            ],
+            [Delete(k.job(job.id)), *side_state_deletes(k, job)],
             expect=[Expect(k.job(job.id), expected)],
         )
 

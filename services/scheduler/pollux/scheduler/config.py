@@ -44,6 +44,30 @@ class SchedulingConfig:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """How long finished jobs stay in etcd (pollux.scheduler.retention)."""
+
+    finished_grace_s: float = 600.0
+    """A finished job's replica statuses, model, profile, allocation and idempotency key are
+    deleted this long after it ends."""
+    retention_days: float = 30.0
+    """A finished job's record is deleted this long after it ends (GetJob: NOT_FOUND)."""
+    sweep_interval_s: float = 60.0
+    """How often the leader looks for finished jobs to clean up."""
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        out = []
+        if self.finished_grace_s < 0:
+            out.append("finished_grace_s: must be >= 0")
+        if self.retention_days * 86400 < self.finished_grace_s:
+            out.append("retention_days: must cover at least finished_grace_s")
+        if self.sweep_interval_s <= 0:
+            out.append("sweep_interval_s: must be > 0")
+        return out
+
+
 def _default_id() -> str:
     return f"scheduler-{socket.gethostname()}-{os.getpid()}"
 
@@ -62,6 +86,8 @@ class SchedulerConfig:
     """gRPC endpoint and logging."""
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     """Round timing and policy."""
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """How long finished jobs stay."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""

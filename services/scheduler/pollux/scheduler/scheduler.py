@@ -25,6 +25,7 @@ from pollux.policy.types import Policy
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
+from pollux.scheduler.retention import plan_sweep, sweep
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import (
@@ -187,6 +188,7 @@ class Scheduler:
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
         watcher = asyncio.create_task(self._watch_events())
+        janitor = asyncio.create_task(self._retain(fence))
         try:
             while not session.lost.is_set():
                 round_task = asyncio.create_task(self.run_round(fence))
@@ -214,7 +216,31 @@ class Scheduler:
                     ROUNDS.labels("too_large").inc()
                 await self._wait_for_next(session)
         finally:
+            await cancel_and_wait(janitor)
             await cancel_and_wait(watcher)
+
+    async def _retain(self, fence: Fence) -> None:
+        """Sweep finished jobs out of etcd every `sweep_interval_s` while leading (retention.py)."""
+        retention = self.config.retention
+        swept: set[str] = set()
+        while True:
+            try:
+                jobs, _ = await self.store.list_jobs()
+                plan = plan_sweep(
+                    jobs,
+                    self.clock(),
+                    grace_s=retention.finished_grace_s,
+                    retention_s=retention.retention_days * 86400,
+                    swept=swept,
+                )
+                if plan.side_state or plan.expired:
+                    side_state, records = await sweep(self.store, plan, fence, swept)
+                    log.info("finished_jobs_swept", side_state=side_state, records=records)
+            except FenceLost:
+                return  # the round loop notices the lost leadership
+            except StoreError as error:
+                log.warning("retention_sweep_failed", error=str(error))
+            await asyncio.sleep(retention.sweep_interval_s)
 
     async def _wait_for_next(self, session: LeaseSession) -> None:
         interval = self.config.scheduling.interval_s
