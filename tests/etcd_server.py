@@ -35,7 +35,8 @@ class EtcdServer:
     data_dir: str
 
     @classmethod
-    def start(cls) -> EtcdServer:
+    def start(cls, *extra: str) -> EtcdServer:
+        """Start one etcd; `extra` flags are appended (a small quota, say)."""
         etcd = shutil.which("etcd")
         if etcd is None:
             raise RuntimeError("etcd is not installed: apt-get install etcd-server")
@@ -52,6 +53,7 @@ class EtcdServer:
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-cluster=pollux-test=http://127.0.0.1:{peer}",
                 "--log-level=error",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -137,7 +137,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[_Union[_types_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("nodes", "agents", "leader_id", "leader_address", "total_gpus", "allocated_gpus", "jobs_by_state", "last_round", "answered_by")
+    __slots__ = ("nodes", "agents", "leader_id", "leader_address", "total_gpus", "allocated_gpus", "jobs_by_state", "last_round", "answered_by", "warnings")
     class JobsByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class ClusterStatusResponse(_message.Message):
     JOBS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     agents: _containers.RepeatedCompositeFieldContainer[_types_pb2.Member]
     leader_id: str
@@ -163,4 +164,5 @@ class ClusterStatusResponse(_message.Message):
     jobs_by_state: _containers.ScalarMap[str, int]
     last_round: int
     answered_by: str
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_types_pb2.Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., last_round: _Optional[int] = ..., answered_by: _Optional[str] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_types_pb2.Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., last_round: _Optional[int] = ..., answered_by: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -424,4 +424,5 @@ def cluster_from_proto(message: spb.ClusterStatusResponse) -> ClusterStatus:
         jobs_by_state=dict(message.jobs_by_state),
         last_round=message.last_round,
         answered_by=message.answered_by,
+        warnings=tuple(message.warnings),
     )

@@ -303,8 +303,13 @@ def node_row(node: NodeStatus) -> list[object]:
 
 
 def nodes_table(cluster: ClusterStatus) -> str:
-    """The `nodes` table: GPUs used/total and the jobs on each node."""
-    return table(NODE_HEADERS, (node_row(n) for n in cluster.nodes))
+    """The `nodes` table: GPUs used/total and the jobs on each node (after any warnings)."""
+    return warning_lines(cluster) + table(NODE_HEADERS, (node_row(n) for n in cluster.nodes))
+
+
+def warning_lines(cluster: ClusterStatus) -> str:
+    """The cluster's warnings (etcd out of space), one "WARNING:" line each, or nothing."""
+    return "".join(f"WARNING: {w}\n" for w in cluster.warnings)
 
 
 def _state_key(name: str) -> tuple[int, str]:
@@ -313,7 +318,7 @@ def _state_key(name: str) -> tuple[int, str]:
 
 
 def cluster_summary(cluster: ClusterStatus) -> str:
-    """Two lines: leader, round and GPU use; then jobs per state."""
+    """Two lines: leader, round and GPU use; then jobs per state (after any warnings)."""
     leader = f"{cluster.leader_id} ({cluster.leader_address})" if cluster.leader_id else "none (!)"
     first = (
         f"leader {leader}  round {cluster.last_round}  "
@@ -324,7 +329,7 @@ def cluster_summary(cluster: ClusterStatus) -> str:
     second = "jobs " + (
         "  ".join(f"{name.removeprefix('JOB_STATE_')} {n}" for name, n in states if n) or "none"
     )
-    return f"{first}\n{second}"
+    return f"{warning_lines(cluster)}{first}\n{second}"
 
 
 def top_text(cluster: ClusterStatus, jobs: Sequence[Job], now: datetime) -> str:

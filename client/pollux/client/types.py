@@ -320,6 +320,8 @@ class ClusterStatus:
     last_round: int
     answered_by: str
     """Scheduler replica that answered."""
+    warnings: tuple[str, ...] = ()
+    """What is wrong with the cluster's state store now (etcd out of space), one line each."""
 
     @property
     def free_gpus(self) -> int:

@@ -22,6 +22,7 @@ from pollux.service.store import (
     Conflict,
     FenceLost,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     ValueTooLarge,
 )
@@ -117,10 +118,10 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
     """The status code, message and `google.rpc` details a failed RPC returns for `error`.
 
     A lost fence is UNAVAILABLE (retry: another replica leads now), a lost compare ABORTED
-    (re-read and retry), a write over the store's size bounds RESOURCE_EXHAUSTED (retrying the
-    same write cannot help); anything untyped is INTERNAL, named but never hidden. The
-    message and details are bounded whatever the error holds, so echoing user input can never
-    exceed gRPC's metadata limit.
+    (re-read and retry), a write over the store's size bounds or into a full etcd
+    RESOURCE_EXHAUSTED (retrying the same write cannot help until something changes); anything
+    untyped is INTERNAL, named but never hidden. The message and details are bounded whatever
+    the error holds, so echoing user input can never exceed gRPC's metadata limit.
     """
     code, message, details = _status_of(error)
     return code, _cut(message, MAX_MESSAGE_CHARS), details
@@ -153,6 +154,8 @@ def _status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
         return grpc.StatusCode.ABORTED, f"{error}", []
     if isinstance(error, ValueTooLarge):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"cluster state store refused: {error}", []
+    if isinstance(error, StoreFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), []
     if isinstance(error, StoreError):
         return grpc.StatusCode.INTERNAL, f"store error: {error}", []
     return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}", []

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from pollux.service.demo import follow_demo
 
+ETCD_HEALTH_FLAGS = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=5m")
+"""Every etcd Pollux starts compacts its history itself (deploy/README.md says the same)."""
+
 
 def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
@@ -202,6 +205,7 @@ class LocalCluster:
             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
             f"--initial-cluster={peers}",
             "--max-txn-ops=1024",
+            *ETCD_HEALTH_FLAGS,
             "--log-level=error",
         ]
         return self._spawn(name, argv, client, wait=False)

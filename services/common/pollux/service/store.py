@@ -39,6 +39,8 @@ MAX_VALUE_BYTES = 512 * 1024
 construction (a job spec by 64 KiB, a job's history by count and reason length, a profile by
 rows, replicas and shapes, a decision record by bytes); a value past it is a bug or unchecked
 input, refused with `ValueTooLarge` instead of growing etcd's database and every scan."""
+_MAINTENANCE = frozenset({"Status", "Alarm", "Defragment"})
+"""etcd RPCs served by the Maintenance service (the rest: KV and Lease)."""
 LARGE_SCAN = 256
 """Scans with more values than this are decoded off the event loop."""
 log = structlog.get_logger(__name__)
@@ -50,6 +52,42 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """etcd could not be reached or did not answer in time; the operation may be retried."""
+
+
+class StoreFull(StoreError):
+    """etcd is out of space (its NOSPACE alarm is raised): it serves reads and deletes only.
+
+    Nothing can be written — no job submitted, no lease granted, so no scheduler can start
+    leading — until space is freed and the alarm disarmed (`pollux.service.maintenance` does
+    both once deletes or compaction made room).
+    """
+
+
+NOSPACE_MESSAGE = (
+    "etcd is out of space (NOSPACE alarm): the cluster accepts no writes until space is freed; "
+    "the schedulers compact, defragment and disarm the alarm once finished jobs are removed "
+    "(retention, DeleteJob) or etcd's --quota-backend-bytes is raised"
+)
+"""The one line every service says about a full etcd (errors, logs, ClusterStatus)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One etcd member's storage, from its Status call.
+
+    Attributes:
+        member_id: The member's id.
+        revision: The cluster's current revision.
+        db_size: Bytes of the member's database file.
+        db_in_use: Bytes of it in use (the rest is reclaimed by defragmenting).
+        alarms: Active alarm names ("NOSPACE", "CORRUPT").
+    """
+
+    member_id: int
+    revision: int
+    db_size: int
+    db_in_use: int
+    alarms: tuple[str, ...]
 
 
 class Conflict(StoreError):
@@ -348,19 +386,81 @@ class Store:
 
     # -- generic operations ------------------------------------------------------------------
 
-    async def _call(self, method: str, request: Any) -> Any:
-        stub = self._client.leasestub if method.startswith("Lease") else self._client.kvstub
+    def _stub(self, method: str) -> Any:
+        if method.startswith("Lease"):
+            return self._client.leasestub
+        if method in _MAINTENANCE:
+            return self._client.maintenancestub
+        return self._client.kvstub
+
+    async def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        stub = self._stub(method)
         if stub is None:
             await self._client.connect()
-            stub = self._client.leasestub if method.startswith("Lease") else self._client.kvstub
+            stub = self._stub(method)
         try:
             return await getattr(stub, method)(
-                request, timeout=self._client._timeout, metadata=self._client.metadata
+                request,
+                timeout=timeout or self._client._timeout,
+                metadata=self._client.metadata,
             )
         except rpc.AioRpcError as error:
             if error.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED):
                 raise StoreUnavailable(f"etcd {method}: {error.details()}") from error
+            if error.code() == rpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in str(
+                error.details()
+            ):
+                raise StoreFull(NOSPACE_MESSAGE) from error
             raise StoreError(f"etcd {method}: {error.code().name}: {error.details()}") from error
+
+    # -- maintenance (pollux.service.maintenance) ------------------------------------------
+
+    async def member_status(self) -> MemberStatus:
+        """Storage and alarms of the member this store is connected to."""
+        status = await self._call("Status", rpc.StatusRequest())
+        alarms = await self._call(
+            "Alarm", rpc.AlarmRequest(action=rpc.AlarmRequest.GET, memberID=0, alarm=rpc.NONE)
+        )
+        member = int(status.header.member_id)
+        return MemberStatus(
+            member_id=member,
+            revision=int(status.header.revision),
+            db_size=int(status.dbSize),
+            db_in_use=int(status.dbSizeInUse),
+            alarms=tuple(
+                sorted({rpc.AlarmType.Name(a.alarm) for a in alarms.alarms if a.alarm != rpc.NONE})
+            ),
+        )
+
+    async def compact(self, revision: int) -> None:
+        """Drop the history before `revision` (physical: done when this returns)."""
+        try:
+            await self._call(
+                "Compact", rpc.CompactionRequest(revision=revision, physical=True), timeout=60.0
+            )
+        except StoreError as error:
+            if "required revision has been compacted" not in str(error):
+                raise
+
+    async def defragment(self) -> None:
+        """Give the connected member's free pages back to the file system (blocks it a while)."""
+        await self._call("Defragment", rpc.DefragmentRequest(), timeout=120.0)
+
+    async def disarm_nospace(self) -> None:
+        """Clear every member's NOSPACE alarm (etcd never clears it by itself)."""
+        alarms = await self._call(
+            "Alarm", rpc.AlarmRequest(action=rpc.AlarmRequest.GET, memberID=0, alarm=rpc.NONE)
+        )
+        for alarm in alarms.alarms:
+            if alarm.alarm == rpc.NOSPACE:
+                await self._call(
+                    "Alarm",
+                    rpc.AlarmRequest(
+                        action=rpc.AlarmRequest.DEACTIVATE,
+                        memberID=alarm.memberID,
+                        alarm=rpc.NOSPACE,
+                    ),
+                )
 
     async def get(self, key: bytes, cls: type[M]) -> Entry[M] | None:
         """The message at a key, or None."""

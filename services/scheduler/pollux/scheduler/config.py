@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.maintenance import MaintenanceSettings
 
 POLICIES = ("pollux", "optimus", "tiresias")
 
@@ -88,6 +89,8 @@ class SchedulerConfig:
     """Round timing and policy."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     """How long finished jobs stay."""
+    maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
+    """etcd compaction, defragmentation and NOSPACE recovery (pollux.service.maintenance)."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""

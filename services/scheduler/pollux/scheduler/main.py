@@ -22,6 +22,7 @@ from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
 from pollux.service.app import ServiceApp, Servicer
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.maintenance import EtcdMaintainer
 from pollux.service.server import ServiceHost
 from pollux.service.store import Store, cancel_and_wait
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -34,7 +35,10 @@ LEADER_HEALTH = f"{SERVICE}/leader"
 
 
 class Campaign:
-    """The component of a scheduler replica: election and rounds, with health following them.
+    """The component of a scheduler replica: election, rounds and etcd's maintenance.
+
+    The leader health follows the election; the maintenance loop runs on every replica
+    (pollux.service.maintenance: under etcd's NOSPACE alarm no replica can become leader).
 
     Args:
         store: The cluster state (owned by the caller).
@@ -44,6 +48,12 @@ class Campaign:
 
     def __init__(self, store: Store, config: SchedulerConfig, host: ServiceHost) -> None:
         self.scheduler = Scheduler(store, config, address="", on_leadership=self._leadership)
+        self.maintainer = EtcdMaintainer(
+            config.etcd.endpoint,
+            timeout_s=config.etcd.timeout_s,
+            settings=config.maintenance,
+            leading=lambda: self._leading,
+        )
         self._host = host
         self._leading = False
         self._health_changed = asyncio.Event()
@@ -56,6 +66,7 @@ class Campaign:
         self._tasks = [
             asyncio.create_task(self._follow_leadership(), name="scheduler-health"),
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
+            asyncio.create_task(self.maintainer.run(), name="etcd-maintenance"),
         ]
 
     async def stop(self) -> None:
@@ -92,7 +103,11 @@ class SchedulerApp(ServiceApp):
         campaign = Campaign(store, config, host)
         self.scheduler = campaign.scheduler
         servicer = SchedulerServicer(
-            store, config.id, self.scheduler.trigger, lambda: self.scheduler.last_round
+            store,
+            config.id,
+            self.scheduler.trigger,
+            lambda: self.scheduler.last_round,
+            warnings=campaign.maintainer.warnings,
         )
         super().__init__(
             host,

@@ -62,8 +62,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         on_change: Callable[[], None],
         last_round: Callable[[], int],
         clock: Callable[[], float] = time.time,
+        *,
+        warnings: Callable[[], list[str]] = list,
     ) -> None:
         self.store = store
+        self.warnings = warnings
         self.replica_id = replica_id
         self.on_change = on_change
         self.last_round = last_round
@@ -274,7 +277,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 for held in job.allocation.nodes:
                     by_node.setdefault(held, []).append(job.id)
         response = spb.ClusterStatusResponse(
-            agents=snapshot.agents, answered_by=self.replica_id, last_round=self.last_round()
+            agents=snapshot.agents,
+            answered_by=self.replica_id,
+            last_round=self.last_round(),
+            warnings=self.warnings(),
         )
         for node_name in sorted(snapshot.nodes):
             node = snapshot.nodes[node_name]
