@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pollux.policy.types import AllocationDecision, ClusterState
+from pollux.scheduler.cycle import plan_round, takes_gpus
 from pollux.scheduler.scheduler import JOBS_PER_TXN, Group, chunked, commit_batches
-from pollux.service.store import MAX_TXN_BYTES, Delete, Expect, Fence, Put, txn_bytes
+from pollux.service.store import (
+    MAX_TXN_BYTES,
+    Delete,
+    Entry,
+    Expect,
+    Fence,
+    Put,
+    Snapshot,
+    txn_bytes,
+)
+from pollux.v1 import types_pb2 as pb
 
 
 def group(job: int, size: int, with_delete: bool) -> Group:
@@ -67,3 +80,57 @@ def test_a_round_of_full_sized_jobs_fills_transactions_to_the_byte():
     batches = commit_batches(groups, fence)
     assert all(txn_bytes(ops, expect, fence) <= MAX_TXN_BYTES for ops, expect in batches)
     assert len(batches[0][1]) < JOBS_PER_TXN  # bytes, not the count, closed the first one
+
+
+def test_a_rounds_jobs_that_give_gpus_up_are_written_before_jobs_that_take_gpus() -> None:
+    def alloc(*nodes: str) -> pb.Allocation:
+        return pb.Allocation(nodes=list(nodes))
+
+    assert not takes_gpus(alloc("a", "a", "b"), alloc("a"))  # shrink
+    assert not takes_gpus(alloc("a", "b"), alloc())  # release
+    assert not takes_gpus(alloc("a", "b"), alloc("b", "a"))  # same GPUs
+    assert takes_gpus(alloc(), alloc("a"))  # start
+    assert takes_gpus(alloc("a", "a"), alloc("a", "b"))  # moves one replica to b
+
+
+class Fixed:
+    """A policy that answers the allocations it was built with."""
+
+    name = "fixed"
+
+    def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
+        self.allocations = allocations
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        return AllocationDecision(self.allocations, {}, objective=1.0)
+
+
+def test_a_round_plans_the_job_that_frees_gpus_before_the_job_that_takes_them() -> None:
+    def job(job_id: str, created: float, *nodes: str) -> Entry[pb.Job]:
+        record = pb.Job(id=job_id, state=pb.JOB_STATE_ALLOCATED if nodes else pb.JOB_STATE_PENDING)
+        record.create_time.FromNanoseconds(int(created * 1e9))
+        record.allocation.nodes.extend(nodes)
+        record.allocation.generation = 1 if nodes else 0
+        return Entry(record, mod_revision=3, create_revision=1)
+
+    # The older job takes the GPUs the newer one gives up: written the other way round.
+    snapshot = Snapshot(
+        revision=9,
+        jobs={"taker": job("taker", 1.0), "giver": job("giver", 2.0, "n1", "n1")},
+        nodes={"n1": pb.Node(name="n1", gpus=2)},
+        agents=[],
+        models={},
+        replicas=[],
+    )
+    plan = plan_round(
+        snapshot,
+        Fixed({"taker": ("n1", "n1"), "giver": ()}),
+        None,
+        np.random.default_rng(0),
+        now=10.0,
+        round_number=2,
+        scheduler_id="s",
+    )
+    assert [job.id for job, _ in plan.jobs] == ["giver", "taker"]

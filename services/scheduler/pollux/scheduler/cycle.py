@@ -153,8 +153,29 @@ def plan_round(
         changed[job.id] = job
     _record_jobs(record, entries, max_entries=MAX_RECORDED_PENDING + int(total))
 
-    plan.jobs = [(job, snapshot.jobs[job_id].mod_revision) for job_id, job in changed.items()]
+    # Jobs that give GPUs up are written before jobs that take GPUs (see `takes_gpus`).
+    ordered = sorted(
+        changed.items(),
+        key=lambda item: takes_gpus(snapshot.jobs[item[0]].value.allocation, item[1].allocation),
+    )
+    plan.jobs = [(job, snapshot.jobs[job_id].mod_revision) for job_id, job in ordered]
     return plan
+
+
+def takes_gpus(old: pb.Allocation, new: pb.Allocation) -> bool:
+    """Whether an allocation change holds more GPUs than before on some node.
+
+    A round too large for one transaction commits in chunks, in plan order, so a round cut
+    short (its leader deposed, a conflict, a crash) has applied a prefix. Writing every job
+    that only gives GPUs up first means a cut in that part leaves nodes emptier than either
+    plan, and only a cut among the takers can leave a node over-committed in etcd — and then
+    only where a taker moves into GPUs that a mover not yet written still holds. That state is
+    safe: a launcher starts a replica only on a free slot of its own node (placement waits
+    otherwise) and a generation only after the previous one exited, so no GPU is ever used
+    twice, and the next round plans again from what was committed.
+    """
+    before = Counter(old.nodes)
+    return any(count > before[node] for node, count in Counter(new.nodes).items())
 
 
 def _record_jobs(record: pb.Decision, entries: list[pb.JobDecision], *, max_entries: int) -> None:
