@@ -223,4 +223,7 @@ class EtcdMaintainer:
         if after and max(s.db_size for s in after.values()) <= RECOVERED_SHARE * self._full_size:
             await (await self._store(first)).disarm_nospace()
             MAINTENANCE.labels("disarm").inc()
+            self.nospace = False
+            self._full_size = 0
+            NOSPACE.set(0)
             log.warning("etcd_nospace_disarmed", db_size=max(s.db_size for s in after.values()))
