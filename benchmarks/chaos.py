@@ -168,33 +168,28 @@ class Suite:
             self.tally.bad_accepted += 1
             self.tally.note(f"bad spec {spec.name!r} accepted as {job.id}")
 
-    def get(self, job_id: str) -> Job:
-        """One job through failovers."""
-
-        def call(client: Client) -> Job:
-            return client.get_job(job_id)
-
-        job: Job = self.with_client(call)
-        return job
-
     def refresh(self) -> dict[str, Job]:
-        """Every accepted job as the API sees it now; counts the lost ones."""
-        jobs = {}
+        """Every accepted job as the API lists it now (pages of ListJobs); counts lost ones.
+
+        The bad specs' names are never listed: the suite's jobs are all named "chaos".
+        """
+
+        def call(client: Client) -> dict[str, Job]:
+            return {job.id: job for job in client.list_jobs(name_prefix="chaos", page_size=500)}
+
+        listed: dict[str, Job] = self.with_client(call)
         for job_id in list(self.accepted):
-            try:
-                job = self.get(job_id)
-            except NotFoundError:
+            job = listed.get(job_id)
+            if job is None:
                 self.tally.lost += 1
                 self.tally.note(f"job {job_id} lost")
                 del self.accepted[job_id]
                 continue
-            state = job.state
-            if state == "FAILED" and self.accepted[job_id] != "FAILED":
+            if job.state == "FAILED" and self.accepted[job_id] != "FAILED":
                 self.tally.failed += 1
                 self.tally.note(f"job {job_id} failed: {job.history[-1].reason}")
-            self.accepted[job_id] = state
-            jobs[job_id] = job
-        return jobs
+            self.accepted[job_id] = job.state
+        return {job_id: listed[job_id] for job_id in self.accepted}
 
     def leader(self) -> str:
         """The leading scheduler's id, or "" (none leads, or none answers)."""

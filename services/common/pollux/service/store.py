@@ -154,12 +154,14 @@ class Entry(Generic[M]):
         mod_revision: etcd revision of its last write (pass back as `expected` to update it).
         create_revision: etcd revision that created it.
         lease: Lease it is attached to (0 for none).
+        key: Its etcd key (empty where the reader did not need it).
     """
 
     value: M
     mod_revision: int
     create_revision: int
     lease: int = 0
+    key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +506,7 @@ class Store:
             mod_revision=int(kv.mod_revision),
             create_revision=int(kv.create_revision),
             lease=int(kv.lease),
+            key=bytes(kv.key),
         )
 
     async def txn(

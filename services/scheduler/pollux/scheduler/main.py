@@ -108,6 +108,7 @@ class SchedulerApp(ServiceApp):
             self.scheduler.trigger,
             lambda: self.scheduler.last_round,
             warnings=campaign.maintainer.warnings,
+            mirror=self.scheduler.mirror,
         )
         super().__init__(
             host,

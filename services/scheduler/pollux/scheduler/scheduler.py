@@ -26,7 +26,7 @@ from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
 from pollux.scheduler.retention import plan_sweep, sweep
-from pollux.service.keys import Kind
+from pollux.service.mirror import ClusterMirror
 from pollux.service.session import LeaseSession
 from pollux.service.store import (
     MAX_TXN_BYTES,
@@ -36,6 +36,7 @@ from pollux.service.store import (
     Fence,
     FenceLost,
     Put,
+    Snapshot,
     Store,
     StoreError,
     ValueTooLarge,
@@ -144,13 +145,24 @@ class Scheduler:
         self._on_leadership = on_leadership
         self._session: LeaseSession | None = None
         self._stopping = False
+        self.mirror = ClusterMirror(store, on_change=self.trigger)
+        """The active state, mirrored from etcd (pollux.service.mirror): what rounds read."""
+        self._committed = 0
+        """Revision of this term's last round commit (0: none yet: read etcd in full)."""
 
     def trigger(self) -> None:
         """Ask for a round soon (debounced); harmless on followers."""
         self._wake.set()
 
     async def run(self) -> None:
-        """Campaign, lead, and campaign again after losing leadership, until cancelled."""
+        """Mirror the cluster; campaign, lead, and campaign again after a loss; until cancelled."""
+        try:
+            await self.mirror.start()
+            await self._campaign_forever()
+        finally:
+            await self.mirror.stop()
+
+    async def _campaign_forever(self) -> None:
         while not self._stopping:
             session = LeaseSession(self.store, self.config.lease_ttl_s, holder="leader")
             try:
@@ -185,9 +197,9 @@ class Scheduler:
     async def _lead(self, session: LeaseSession, fence: Fence) -> None:
         self._set_leading(fence)
         self._memory = None  # warm starts are per leader term, keyed by job id
+        self._committed = 0  # a term's first round reads etcd in full
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
-        watcher = asyncio.create_task(self._watch_events())
         janitor = asyncio.create_task(self._retain(fence))
         try:
             while not session.lost.is_set():
@@ -217,7 +229,6 @@ class Scheduler:
                 await self._wait_for_next(session)
         finally:
             await cancel_and_wait(janitor)
-            await cancel_and_wait(watcher)
 
     async def _retain(self, fence: Fence) -> None:
         """Sweep finished jobs out of etcd every `sweep_interval_s` while leading (retention.py)."""
@@ -249,26 +260,28 @@ class Scheduler:
             await asyncio.sleep(self.config.scheduling.debounce_s)
         self._wake.clear()
 
-    async def _watch_events(self) -> None:
-        """Trigger a round when jobs, nodes or replica statuses change."""
-        _, revision = await self.store.list_jobs()
-        keys = self.store.keys
-        prefixes = [keys.prefix(k) for k in (Kind.JOBS, Kind.NODES, Kind.REPLICAS, Kind.MODELS)]
+    async def _read(self) -> Snapshot:
+        """What a round plans from: the mirror once it holds this term's last commit.
 
-        async def follow(prefix: bytes) -> None:
-            async for event in self.store.watch(prefix, start_revision=revision + 1):
-                if prefix == keys.prefix(Kind.MODELS) and event.value is not None:
-                    continue  # model refreshes wait for the periodic round
-                self._wake.set()
-
-        await asyncio.gather(*(follow(p) for p in prefixes))
+        A term's first round, and any round whose mirror has not applied the last commit
+        within an interval (a watch re-listing), read etcd in full instead: a round never plans
+        from a state older than what this leader wrote.
+        """
+        if self._committed:
+            wait = min(self.config.scheduling.interval_s, 5.0)
+            if await self.mirror.jobs.wait_for(self._committed, wait):
+                return self.mirror.snapshot()
+            log.warning(
+                "mirror_lagging", committed=self._committed, mirrored=self.mirror.jobs.revision
+            )
+        return await self.store.snapshot()
 
     async def run_round(self, fence: Fence) -> pb.Decision:
         """Snapshot → plan → fenced commit → decision record."""
         number = self.last_round + 1
         with structlog.contextvars.bound_contextvars(round=number, role="leader"):
             started = time.perf_counter()
-            snapshot = await self.store.snapshot()
+            snapshot = await self._read()
             read = time.perf_counter()
             # CPU-bound: planned in a worker thread so the event loop keeps serving RPCs
             # (the GIL is handed back every few milliseconds instead of after the round).
@@ -319,7 +332,7 @@ class Scheduler:
         # Each job's record and allocation change together; a round's jobs are committed in
         # chunks (etcd limits ops and bytes per txn), every chunk fenced. The decision goes last.
         for ops, expect in commit_batches(groups, fence):
-            await self.store.txn(ops, expect=expect, fence=fence)
+            self._committed = await self.store.txn(ops, expect=expect, fence=fence)
         history = self.config.scheduling.decision_history
         tail: list[Put | Delete] = [Put(keys.decision(number), plan.decision.SerializeToString())]
         if number > history:

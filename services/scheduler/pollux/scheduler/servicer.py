@@ -24,6 +24,7 @@ from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from pollux.service.keys import Kind
+from pollux.service.mirror import ClusterMirror
 from pollux.service.store import Conflict, Store, decode
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -64,9 +65,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         clock: Callable[[], float] = time.time,
         *,
         warnings: Callable[[], list[str]] = list,
+        mirror: ClusterMirror | None = None,
     ) -> None:
         self.store = store
         self.warnings = warnings
+        self.mirror = mirror
         self.replica_id = replica_id
         self.on_change = on_change
         self.last_round = last_round
@@ -266,16 +269,24 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         self, request: spb.ClusterStatusRequest, context: Context
     ) -> spb.ClusterStatusResponse:
         """Nodes with their jobs, agents, leader, totals."""
-        snapshot = await self.store.snapshot()
+        # The replica's mirror when it has one (pollux.service.mirror: the active state, so
+        # this does not slow down as finished jobs accumulate), else etcd in full.
+        mirror = self.mirror
+        if mirror is not None and mirror.ready:
+            snapshot = mirror.snapshot()
+            states = mirror.state_counts()
+        else:
+            snapshot = await self.store.snapshot()
+            states = {}
+            for entry in snapshot.jobs.values():
+                states[entry.value.state] = states.get(entry.value.state, 0) + 1
         by_node: dict[str, list[str]] = {}
-        counts: dict[str, int] = {}
         for entry in snapshot.jobs.values():
             job = entry.value
-            name = S.Name(job.state).removeprefix("JOB_STATE_")
-            counts[name] = counts.get(name, 0) + 1
             if job.state in ACTIVE:
                 for held in job.allocation.nodes:
                     by_node.setdefault(held, []).append(job.id)
+        counts = {S.Name(state).removeprefix("JOB_STATE_"): n for state, n in states.items()}
         response = spb.ClusterStatusResponse(
             agents=snapshot.agents,
             answered_by=self.replica_id,

@@ -1,0 +1,228 @@
+"""The cluster's active state mirrored in memory from etcd watches (the informer pattern).
+
+A scheduling round and ClusterStatus used to read every job, model and replica status ever
+written; with tens of thousands of finished jobs that read alone took seconds, and it grew
+forever. Instead each scheduler replica keeps a `ClusterMirror`: every prefix a round needs is
+listed once and then followed by a watch from the next revision, so a round costs what
+changed, not what exists.
+
+Only the *active* part is kept: jobs in a non-terminal state (with the models and replica
+statuses of those jobs), nodes and agents. A finished job is remembered by id and state alone
+(for ClusterStatus's counts), so memory follows the active load, not the history.
+
+Freshness. A mirror lags etcd by a watch delivery (milliseconds). Rounds stay correct anyway:
+every job write is conditional on the mod revision the mirror holds, so a stale record makes
+the write fail and the round re-plan, and a leader waits until its jobs mirror has applied its
+own last commit (`wait_for`) before planning the next round, so it never plans from a state
+older than what it wrote. A watch that breaks or falls behind compaction re-lists its prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import structlog
+from google.protobuf.message import Message
+
+from pollux.service.keys import Kind
+from pollux.service.store import Entry, Snapshot, Store, StoreError, WatchEvent, decode
+from pollux.v1 import types_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+RELIST_DELAY_S = 1.0
+"""Pause before re-listing a prefix whose watch failed (etcd unreachable, compacted)."""
+
+
+@dataclass
+class PrefixMirror(Generic[M]):
+    """One etcd prefix in memory: listed, then kept current by a watch.
+
+    Attributes:
+        kind: The key kind mirrored.
+        cls: Its message type.
+        keep: Which values are kept (the others are dropped, and reported to `on_drop`).
+        on_change: Called after each applied change (a round trigger).
+        on_drop: Called with (key, value or None) for changes not kept (terminal jobs).
+    """
+
+    kind: Kind
+    cls: type[M]
+    keep: Callable[[M], bool] = lambda _: True
+    on_change: Callable[[bytes], None] | None = None
+    on_drop: Callable[[bytes, M | None], None] | None = None
+    entries: dict[bytes, Entry[M]] = field(default_factory=dict)
+    revision: int = 0
+    """The highest etcd revision applied (the list's, then each event's)."""
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self, store: Store) -> None:
+        """List, then follow, forever; re-list after any watch failure."""
+        prefix = store.keys.prefix(self.kind)
+        while True:
+            try:
+                listed, revision = await store.scan(prefix, self.cls)
+                self._replace(listed, revision)
+                async for event in store.watch(prefix, start_revision=revision + 1):
+                    self._apply(event)
+            except StoreError as error:
+                log.warning("mirror_relisting", kind=str(self.kind), error=str(error))
+                await asyncio.sleep(RELIST_DELAY_S)
+
+    def _replace(self, listed: Iterable[Entry[M]], revision: int) -> None:
+        entries: dict[bytes, Entry[M]] = {}
+        for entry in listed:
+            key = entry.key
+            if self.keep(entry.value):
+                entries[key] = entry
+            elif self.on_drop is not None:
+                self.on_drop(key, entry.value)
+        self.entries = entries
+        self._advance(revision)
+        self.ready.set()
+        if self.on_change is not None:
+            self.on_change(b"")
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.value is None:
+            self.entries.pop(event.key, None)
+            if self.on_drop is not None:
+                self.on_drop(event.key, None)
+        else:
+            try:
+                value = decode(self.cls, event.value, event.key)
+            except StoreError as error:
+                log.error("mirror_value_corrupt", key=event.key.decode(), error=str(error))
+                return
+            if self.keep(value):
+                previous = self.entries.get(event.key)
+                created = previous.create_revision if previous else event.revision
+                self.entries[event.key] = Entry(value, event.revision, created, key=event.key)
+            else:
+                self.entries.pop(event.key, None)
+                if self.on_drop is not None:
+                    self.on_drop(event.key, value)
+        self._advance(event.revision)
+        if self.on_change is not None:
+            self.on_change(event.key)
+
+    def _advance(self, revision: int) -> None:
+        self.revision = max(self.revision, revision)
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def wait_for(self, revision: int, timeout: float) -> bool:
+        """Wait until this mirror has applied `revision` (a write under its prefix at it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.revision < revision:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        return True
+
+    def values(self) -> list[M]:
+        """Every kept value."""
+        return [entry.value for entry in self.entries.values()]
+
+
+class ClusterMirror:
+    """The active cluster state a round and ClusterStatus read, mirrored from etcd.
+
+    Args:
+        store: The cluster state store.
+        on_change: Called with the changed key's kind after each change a round should see
+            (jobs, nodes, replica statuses; not model refreshes, which wait for the next
+            periodic round).
+    """
+
+    def __init__(self, store: Store, on_change: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self._on_change = on_change
+        self.finished: dict[bytes, int] = {}
+        """Finished jobs by key: their state alone (ClusterStatus counts them)."""
+        self.jobs: PrefixMirror[pb.Job] = PrefixMirror(
+            Kind.JOBS,
+            pb.Job,
+            keep=lambda job: job.state not in TERMINAL_STATES,
+            on_change=self._changed,
+            on_drop=self._finished,
+        )
+        self.nodes: PrefixMirror[pb.Node] = PrefixMirror(
+            Kind.NODES, pb.Node, on_change=self._changed
+        )
+        self.agents: PrefixMirror[pb.Member] = PrefixMirror(Kind.AGENTS, pb.Member)
+        self.models: PrefixMirror[pb.JobModel] = PrefixMirror(Kind.MODELS, pb.JobModel)
+        self.replicas: PrefixMirror[pb.ReplicaStatus] = PrefixMirror(
+            Kind.REPLICAS, pb.ReplicaStatus, on_change=self._changed
+        )
+        self._mirrors: tuple[PrefixMirror[Any], ...] = (
+            self.jobs,
+            self.nodes,
+            self.agents,
+            self.models,
+            self.replicas,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _changed(self, key: bytes) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    def _finished(self, key: bytes, job: pb.Job | None) -> None:
+        if job is None:
+            self.finished.pop(key, None)
+        else:
+            self.finished[key] = job.state
+
+    async def start(self) -> None:
+        """Start following etcd; returns once every prefix is listed."""
+        self._tasks = [
+            asyncio.create_task(m.run(self.store), name=f"mirror-{m.kind}") for m in self._mirrors
+        ]
+        await asyncio.gather(*(m.ready.wait() for m in self._mirrors))
+
+    async def stop(self) -> None:
+        """Stop following."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    @property
+    def ready(self) -> bool:
+        """Whether every prefix has been listed at least once."""
+        return all(m.ready.is_set() for m in self._mirrors)
+
+    def snapshot(self) -> Snapshot:
+        """The active state now, as a round reads it (a copy: later changes do not leak in)."""
+        jobs = {entry.value.id: entry for entry in self.jobs.entries.values()}
+        return Snapshot(
+            revision=min(m.revision for m in self._mirrors),
+            jobs=jobs,
+            nodes={n.name: n for n in self.nodes.values()},
+            agents=self.agents.values(),
+            models={m.job_id: m for m in self.models.values() if m.job_id in jobs},
+            replicas=[r for r in self.replicas.values() if r.job_id in jobs],
+        )
+
+    def state_counts(self) -> dict[int, int]:
+        """Jobs per state, finished ones included."""
+        counts: dict[int, int] = {}
+        for job in self.jobs.values():
+            counts[job.state] = counts.get(job.state, 0) + 1
+        for state in self.finished.values():
+            counts[state] = counts.get(state, 0) + 1
+        return counts

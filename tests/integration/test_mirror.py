@@ -1,0 +1,59 @@
+"""The scheduler's in-memory mirror of etcd (pollux.service.mirror) against a real etcd."""
+
+from __future__ import annotations
+
+from pollux.service.mirror import ClusterMirror
+from pollux.service.store import Store
+from pollux.v1 import types_pb2 as pb
+from tests.waiting import eventually
+
+
+def job(job_id: str, state: int) -> pb.Job:
+    return pb.Job(id=job_id, state=state)  # type: ignore[arg-type]
+
+
+async def test_the_mirror_keeps_the_active_state_and_only_counts_finished_jobs(
+    store: Store,
+) -> None:
+    k = store.keys
+    await store.put(k.job("before"), job("before", pb.JOB_STATE_RUNNING))
+    await store.put(k.job("old"), job("old", pb.JOB_STATE_SUCCEEDED))
+    changes: list[None] = []
+    mirror = ClusterMirror(store, on_change=lambda: changes.append(None))
+    await mirror.start()
+    try:
+        # Listed at start: the active job in full, the finished one by state only.
+        assert set(mirror.snapshot().jobs) == {"before"}
+        assert mirror.state_counts() == {pb.JOB_STATE_RUNNING: 1, pb.JOB_STATE_SUCCEEDED: 1}
+
+        revision = await store.put(k.job("new"), job("new", pb.JOB_STATE_PENDING))
+        await store.put(k.node("n1"), pb.Node(name="n1", gpus=4))
+        await store.put(k.model("new"), pb.JobModel(job_id="new"))
+        await store.put(k.model("old"), pb.JobModel(job_id="old"))
+        await store.put_replica_status(pb.ReplicaStatus(job_id="new", node="n1", rank=0))
+        assert await mirror.jobs.wait_for(revision, 5.0)
+
+        def caught_up() -> bool:
+            snap = mirror.snapshot()
+            return bool(snap.nodes) and bool(snap.replicas) and "new" in snap.models
+
+        await eventually(caught_up, 5, "the mirror to apply every change")
+        snap = mirror.snapshot()
+        assert set(snap.jobs) == {"before", "new"}
+        assert snap.jobs["new"].mod_revision == revision, "conditional writes use it"
+        assert set(snap.models) == {"new"}, "a finished job's model is not a round's business"
+        assert changes, "changes trigger rounds"
+
+        # A job that finishes leaves the active state; a deleted one is forgotten.
+        await store.put(k.job("before"), job("before", pb.JOB_STATE_CANCELLED))
+        await eventually(lambda: "before" not in mirror.snapshot().jobs, 5, "the finish")
+        deleted = await store.get(k.job("old"), pb.Job)
+        assert deleted is not None
+        await store.delete_job(deleted.value, expected=deleted.mod_revision)
+        await eventually(
+            lambda: mirror.state_counts() == {pb.JOB_STATE_PENDING: 1, pb.JOB_STATE_CANCELLED: 1},
+            5,
+            "the delete",
+        )
+    finally:
+        await mirror.stop()
