@@ -372,6 +372,18 @@ class Replica:
         so there is no time to checkpoint (periodic checkpoints bound what is lost).
         """
         self.mark_fenced()
+        if (code := await self._begin_stop()) is not None:
+            return code
+        self._log.warning("replica_fenced")
+        _signal_group(self.pid, signal.SIGKILL)
+        return await self.wait()
+
+    async def _begin_stop(self) -> int | None:
+        """Mark the replica stopped; its exit code if no process is left to signal, else None.
+
+        A replica stopped before `start` never runs (a planned stop); one whose spawn is in
+        flight is waited for first.
+        """
         if self.exit_code is not None:
             return self.exit_code
         self.stop_requested = True
@@ -380,9 +392,9 @@ class Replica:
                 self._finish(PLANNED_STOP)
                 return PLANNED_STOP
             await self._started.wait()
-        self._log.warning("replica_fenced")
-        _signal_group(self.pid, signal.SIGKILL)
-        return await self.wait()
+            if self._exited.is_set():
+                return await self.wait()
+        return None
 
     async def wait(self) -> int:
         """Wait for the exit (and the end of its output); returns the exit code."""
@@ -395,16 +407,8 @@ class Replica:
         Idempotent: a second call waits for the first one's outcome. A replica stopped before
         `start` never runs and reports a planned stop.
         """
-        if self.exit_code is not None:
-            return self.exit_code
-        self.stop_requested = True
-        if self._process is None:
-            if not self._starting:
-                self._finish(PLANNED_STOP)
-                return PLANNED_STOP
-            await self._started.wait()  # the spawn in flight finishes first
-            if self._exited.is_set():
-                return await self.wait()
+        if (code := await self._begin_stop()) is not None:
+            return code
         grace = self.grace_s if grace_s is None else grace_s
         if not self._terminated:
             self._terminated = True
