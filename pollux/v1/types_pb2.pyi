@@ -336,7 +336,7 @@ class JobDecision(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., speedup: _Optional[float] = ..., restart_penalty: _Optional[float] = ..., reason: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded")
+    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded", "unchanged_not_recorded")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,7 @@ class Decision(_message.Message):
     SNAPSHOT_REVISION_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
     PENDING_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     round: int
     time: _timestamp_pb2.Timestamp
     policy: str
@@ -353,4 +354,5 @@ class Decision(_message.Message):
     snapshot_revision: int
     scheduler_id: str
     pending_not_recorded: int
-    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ...) -> None: ...
+    unchanged_not_recorded: int
+    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ...) -> None: ...

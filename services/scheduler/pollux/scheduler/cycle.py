@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,19 @@ smaller than a value may be.
 """
 PLANNED_STOP = 143
 """Exit code of a replica that checkpointed after SIGTERM (docs/architecture.md §7)."""
+REFRESH_ROUNDS = 25
+"""A job whose decision (nodes, reason) did not change is recorded again after this many
+rounds, so `explain`, which reads the last 50 records, always finds it; in between, decision
+records list only what changed and stay small however many jobs are active."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A job's decision as last written to a decision record (the scheduler keeps these)."""
+
+    nodes: tuple[str, ...]
+    reason: str
+    round: int
 
 
 @dataclass
@@ -68,12 +82,15 @@ class RoundPlan:
         allocations: New allocation per job id (put), or None (delete).
         decision: The decision record.
         memory: The policy's memory for the next round.
+        recorded: Each active job's decision as the records hold it once this round is
+            committed (pass to the next round).
     """
 
     jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
     allocations: dict[str, pb.Allocation | None] = field(default_factory=dict)
     decision: pb.Decision = field(default_factory=pb.Decision)
     memory: object | None = None
+    recorded: dict[str, Recorded] = field(default_factory=dict)
 
 
 def plan_round(
@@ -85,8 +102,13 @@ def plan_round(
     now: float,
     round_number: int,
     scheduler_id: str,
+    recorded: Mapping[str, Recorded] | None = None,
 ) -> RoundPlan:
-    """Plan one round (see the module docstring)."""
+    """Plan one round (see the module docstring).
+
+    `recorded` is the previous round's `RoundPlan.recorded` (None: a leader term's first round,
+    which records every job).
+    """
     plan = RoundPlan(memory=memory)
     changed: dict[str, pb.Job] = {}
     working: dict[str, pb.Job] = {}
@@ -151,7 +173,17 @@ def plan_round(
         reason = explain.reason if explain else "re-allocated"
         _reallocate(job, new_nodes, now, round_number, reason, plan)
         changed[job.id] = job
-    _record_jobs(record, entries, max_entries=MAX_RECORDED_PENDING + int(total))
+    previous = recorded or {}
+    fresh = [e for e in entries if not _already_recorded(e, previous.get(e.job_id), round_number)]
+    record.unchanged_not_recorded = len(entries) - len(fresh)
+    _record_jobs(record, fresh, max_entries=MAX_RECORDED_PENDING + int(total))
+    written = {e.job_id for e in record.jobs}
+    for decided in entries:
+        job_id = decided.job_id
+        if job_id in written:
+            plan.recorded[job_id] = Recorded(tuple(decided.nodes), decided.reason, round_number)
+        elif job_id in previous:
+            plan.recorded[job_id] = previous[job_id]
 
     # Jobs that give GPUs up are written before jobs that take GPUs (see `takes_gpus`).
     ordered = sorted(
@@ -176,6 +208,17 @@ def takes_gpus(old: pb.Allocation, new: pb.Allocation) -> bool:
     """
     before = Counter(old.nodes)
     return any(count > before[node] for node, count in Counter(new.nodes).items())
+
+
+def _already_recorded(entry: pb.JobDecision, last: Recorded | None, round_number: int) -> bool:
+    """Whether a record of the last `REFRESH_ROUNDS` rounds already says what `entry` says."""
+    return (
+        last is not None
+        and not entry.changed
+        and last.nodes == tuple(entry.nodes)
+        and last.reason == entry.reason
+        and round_number - last.round < REFRESH_ROUNDS
+    )
 
 
 def _record_jobs(record: pb.Decision, entries: list[pb.JobDecision], *, max_entries: int) -> None:

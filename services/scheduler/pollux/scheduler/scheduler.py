@@ -23,7 +23,7 @@ from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.scheduler.config import SchedulerConfig
-from pollux.scheduler.cycle import RoundPlan, plan_round
+from pollux.scheduler.cycle import Recorded, RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
 from pollux.scheduler.retention import plan_sweep, sweep
 from pollux.service.mirror import ClusterMirror
@@ -149,6 +149,8 @@ class Scheduler:
         """The active state, mirrored from etcd (pollux.service.mirror): what rounds read."""
         self._committed = 0
         """Revision of this term's last round commit (0: none yet: read etcd in full)."""
+        self._recorded: dict[str, Recorded] | None = None
+        """Each job's decision as this term's records hold it (cycle.Recorded)."""
 
     def trigger(self) -> None:
         """Ask for a round soon (debounced); harmless on followers."""
@@ -198,6 +200,7 @@ class Scheduler:
         self._set_leading(fence)
         self._memory = None  # warm starts are per leader term, keyed by job id
         self._committed = 0  # a term's first round reads etcd in full
+        self._recorded = None  # ...and records every job
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
         janitor = asyncio.create_task(self._retain(fence))
@@ -294,11 +297,13 @@ class Scheduler:
                 now=self.clock(),
                 round_number=number,
                 scheduler_id=self.member.id,
+                recorded=self._recorded,
             )
             planned = time.perf_counter()
             await self._commit(plan, fence, number)
             committed = time.perf_counter()
             self._memory = plan.memory
+            self._recorded = plan.recorded
             self.last_round = number
             ROUND_SECONDS.labels("snapshot").observe(read - started)
             ROUND_SECONDS.labels("policy").observe(planned - read)
