@@ -11,7 +11,10 @@ scheduler process (`pollux-scheduler`, Pollux policy, `--interval`):
    scheduler's own `round_committed` log lines: whole round (snapshot + policy + commit) p50
    and p99, and each phase's p50;
 5. ClusterStatus and the first `pollux-cli ls` page (ListJobs, 100 jobs) are timed (median of
-   10), the scheduler's peak RSS (VmHWM) read, and etcd's database measured after compacting to
+   10) and the scheduler's peak RSS (VmHWM) read;
+6. every active job is cancelled at once through the API (64 calls in flight), and the longest
+   gap between rounds during that burst is measured;
+7. etcd's database is measured after compacting to
    the current revision: live bytes now, and the steady state once the decision history
    (`decision_history` records of this size) is full. With auto-compaction and retention that
    is the most etcd ever holds for this load, so the days until etcd's default 2 GiB quota is
@@ -48,6 +51,12 @@ from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
 
 GPUS_PER_NODE = 4
+ACTIVE_STATES = [
+    pb.JOB_STATE_PENDING,
+    pb.JOB_STATE_ALLOCATED,
+    pb.JOB_STATE_RUNNING,
+    pb.JOB_STATE_RESCALING,
+]
 QUOTA_BYTES = 2 * 1024**3
 DECISION_HISTORY = 1000
 SPEC = pb.JobSpec(
@@ -87,6 +96,42 @@ async def seed_finished(store: Store, count: int) -> None:
         await store.txn(ops)
 
 
+async def cancel_all(address: str) -> tuple[float, int]:
+    """Cancel every active job with 64 calls in flight; (seconds, jobs cancelled)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = spb_grpc.SchedulerServiceStub(channel)
+        ids: list[str] = []
+        token = ""
+        while True:
+            page = await stub.ListJobs(
+                spb.ListJobsRequest(page_size=1000, page_token=token, states=ACTIVE_STATES),
+                timeout=60,
+            )
+            ids.extend(job.id for job in page.jobs)
+            token = page.next_page_token
+            if not token:
+                break
+        queue = iter(ids)
+        started = time.perf_counter()
+
+        async def worker() -> None:
+            for job_id in queue:
+                await stub.CancelJob(spb.CancelJobRequest(job_id=job_id), timeout=60)
+
+        await asyncio.gather(*(worker() for _ in range(64)))
+    return time.perf_counter() - started, len(ids)
+
+
+def longest_gap(records: list[dict[str, Any]]) -> float:
+    """The longest time between consecutive rounds' log lines, seconds."""
+    stamps = sorted(_stamp(r) for r in records)
+    return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
+
+
+def _stamp(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
 async def submit(address: str, count: int) -> float:
     """Submit `count` jobs through the API with 64 calls in flight; seconds it took."""
     started = time.perf_counter()
@@ -110,8 +155,7 @@ def rounds(log: Path, after: float) -> list[dict[str, Any]]:
         if '"round_committed"' not in line:
             continue
         record = json.loads(line)
-        stamp = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
-        if stamp >= after:
+        if _stamp(record) >= after:
             found.append(record)
     return found
 
@@ -165,6 +209,11 @@ async def scenario(
             status_s = await timed(lambda: stub.ClusterStatus(spb.ClusterStatusRequest()))
             ls_s = await timed(lambda: stub.ListJobs(spb.ListJobsRequest(page_size=100)))
         rss = peak_rss_mib(scheduler.process.pid)
+        # A burst: every active job cancelled at once; rounds must keep coming meanwhile.
+        burst_from = time.time()
+        cancel_s, cancelled = await cancel_all(scheduler.address)
+        await asyncio.sleep(args.interval * 3 + 2)
+        burst = rounds(scheduler.log, burst_from)
         member = await store.member_status()
         await store.compact(member.revision)
         live = (await store.member_status()).db_in_use
@@ -187,6 +236,9 @@ async def scenario(
             "cluster_status_ms": round(status_s * 1e3, 1),
             "ls_first_page_ms": round(ls_s * 1e3, 1),
             "scheduler_peak_rss_mib": round(rss),
+            "cancel_burst_jobs": cancelled,
+            "cancel_burst_s": round(cancel_s, 1),
+            "longest_round_gap_in_burst_s": round(longest_gap(burst), 2),
             "etcd_live_mib": round(live / 1024**2, 1),
             "etcd_steady_state_mib": round(steady / 1024**2, 1),
             "days_to_quota": "never" if steady < QUOTA_BYTES else "steady state over quota",

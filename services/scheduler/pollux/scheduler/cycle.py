@@ -84,6 +84,7 @@ class RoundPlan:
         memory: The policy's memory for the next round.
         recorded: Each active job's decision as the records hold it once this round is
             committed (pass to the next round).
+        active_jobs: Jobs the policy planned for.
     """
 
     jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
@@ -91,6 +92,7 @@ class RoundPlan:
     decision: pb.Decision = field(default_factory=pb.Decision)
     memory: object | None = None
     recorded: dict[str, Recorded] = field(default_factory=dict)
+    active_jobs: int = 0
 
 
 def plan_round(
@@ -141,6 +143,7 @@ def plan_round(
             _job_info(j, snapshot.models.get(j.id), total, now, policy.name) for j in active
         ),
     )
+    plan.active_jobs = len(active)
     decision: AllocationDecision = policy.allocate(state, memory, rng)
     plan.memory = decision.memory
 

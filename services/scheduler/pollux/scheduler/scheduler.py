@@ -311,7 +311,8 @@ class Scheduler:
             ROUNDS.labels("committed").inc()
             log.info(
                 "round_committed",
-                jobs=len(plan.decision.jobs),
+                jobs=plan.active_jobs,
+                recorded=len(plan.decision.jobs),
                 changed=len(plan.jobs),
                 gpus=sum(len(j.nodes) for j in plan.decision.jobs),
                 objective=round(plan.decision.objective, 6),
