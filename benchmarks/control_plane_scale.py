@@ -122,6 +122,31 @@ async def cancel_all(address: str) -> tuple[float, int]:
     return time.perf_counter() - started, len(ids)
 
 
+async def live_bytes(store: Store) -> int:
+    """Bytes etcd holds for live keys: compacted to now, then its in-use size."""
+    member = await store.member_status()
+    await store.compact(member.revision)
+    return (await store.member_status()).db_in_use
+
+
+async def live_growth(store: Store, log: Path, count: int) -> float:
+    """KiB etcd's live data grew by over `count` rounds, once the decision history is full.
+
+    The scheduler keeps the last `DECISION_HISTORY` decision records, so etcd grows until that
+    many rounds have run; from then on every round's record replaces the oldest one.
+    """
+
+    async def until(total: int) -> None:
+        while len(rounds(log, 0.0)) < total:
+            await asyncio.sleep(1.0)
+
+    start = len(rounds(log, 0.0))
+    await until(start + DECISION_HISTORY)
+    before = await live_bytes(store)
+    await until(start + DECISION_HISTORY + count)
+    return round((await live_bytes(store) - before) / 1024, 1)
+
+
 def longest_gap(records: list[dict[str, Any]]) -> float:
     """The longest time between consecutive rounds' log lines, seconds."""
     stamps = sorted(_stamp(r) for r in records)
@@ -209,14 +234,15 @@ async def scenario(
             status_s = await timed(lambda: stub.ClusterStatus(spb.ClusterStatusRequest()))
             ls_s = await timed(lambda: stub.ListJobs(spb.ListJobsRequest(page_size=100)))
         rss = peak_rss_mib(scheduler.process.pid)
+        growth = None
+        if args.flat_rounds:
+            growth = await live_growth(store, scheduler.log, args.flat_rounds)
         # A burst: every active job cancelled at once; rounds must keep coming meanwhile.
         burst_from = time.time()
         cancel_s, cancelled = await cancel_all(scheduler.address)
         await asyncio.sleep(args.interval * 3 + 2)
         burst = rounds(scheduler.log, burst_from)
-        member = await store.member_status()
-        await store.compact(member.revision)
-        live = (await store.member_status()).db_in_use
+        live = await live_bytes(store)
         decisions = await store.latest_decisions(1)
         decision_bytes = decisions[0].ByteSize() if decisions else 0
         kept = len(await store.list_keys(store.keys.prefix(Kind.DECISIONS)))
@@ -236,6 +262,7 @@ async def scenario(
             "cluster_status_ms": round(status_s * 1e3, 1),
             "ls_first_page_ms": round(ls_s * 1e3, 1),
             "scheduler_peak_rss_mib": round(rss),
+            f"etcd_live_growth_over_{args.flat_rounds}_rounds_kib": growth,
             "cancel_burst_jobs": cancelled,
             "cancel_burst_s": round(cancel_s, 1),
             "longest_round_gap_in_burst_s": round(longest_gap(burst), 2),
@@ -261,6 +288,9 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--flat-rounds", type=int, default=0, help="also measure etcd growth over N more rounds"
+    )
     args = parser.parse_args()
     if args.only:
         chosen = [tuple(int(x) for x in s.split(":")) for s in args.only.split(",")]
