@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pollux.service.mirror import ClusterMirror
-from pollux.service.store import Store
+from pollux.service.store import Put, Store
 from pollux.v1 import types_pb2 as pb
 from tests.waiting import eventually
 
@@ -57,3 +57,38 @@ async def test_the_mirror_keeps_the_active_state_and_only_counts_finished_jobs(
         )
     finally:
         await mirror.stop()
+
+
+async def test_a_large_prefix_is_listed_in_pages_at_one_revision(store: Store) -> None:
+    k = store.keys
+    for start in range(0, 2500, 100):
+        await store.txn(
+            [
+                Put(k.job(f"j{i:05d}"), job(f"j{i:05d}", STATES[i % 2]).SerializeToString())
+                for i in range(start, start + 100)
+            ]
+        )
+    mirror = ClusterMirror(store)
+    await mirror.start()
+    try:
+        assert len(mirror.snapshot().jobs) == 1250
+        assert mirror.state_counts() == {pb.JOB_STATE_RUNNING: 1250, pb.JOB_STATE_FAILED: 1250}
+    finally:
+        await mirror.stop()
+
+
+async def test_catching_up_makes_every_earlier_write_visible(store: Store) -> None:
+    mirror = ClusterMirror(store)
+    await mirror.start()
+    try:
+        await store.put(store.keys.job("late"), job("late", pb.JOB_STATE_PENDING))
+        await store.put(store.keys.node("n9"), pb.Node(name="n9", gpus=1))
+        assert await mirror.catch_up(5.0)
+        snap = mirror.snapshot()
+        assert "late" in snap.jobs
+        assert "n9" in snap.nodes
+    finally:
+        await mirror.stop()
+
+
+STATES = (pb.JOB_STATE_RUNNING, pb.JOB_STATE_FAILED)

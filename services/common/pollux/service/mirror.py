@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -69,22 +69,31 @@ class PrefixMirror(Generic[M]):
         prefix = store.keys.prefix(self.kind)
         while True:
             try:
-                listed, revision = await store.scan(prefix, self.cls)
-                self._replace(listed, revision)
+                revision = await self._list(store, prefix)
                 async for event in store.watch(prefix, start_revision=revision + 1):
                     self._apply(event)
             except StoreError as error:
                 log.warning("mirror_relisting", kind=str(self.kind), error=str(error))
                 await asyncio.sleep(RELIST_DELAY_S)
 
-    def _replace(self, listed: Iterable[Entry[M]], revision: int) -> None:
+    async def _list(self, store: Store, prefix: bytes) -> int:
+        """Replace the mirror by a listing; returns the listing's revision.
+
+        Page by page, so the part not kept (finished jobs) is never held whole.
+        """
         entries: dict[bytes, Entry[M]] = {}
-        for entry in listed:
-            key = entry.key
-            if self.keep(entry.value):
-                entries[key] = entry
-            elif self.on_drop is not None:
-                self.on_drop(key, entry.value)
+        revision = 0
+        async for page, at in store.scan_pages(prefix, self.cls):
+            revision = at
+            for entry in page:
+                if self.keep(entry.value):
+                    entries[entry.key] = entry
+                elif self.on_drop is not None:
+                    self.on_drop(entry.key, entry.value)
+        self._replace(entries, revision)
+        return revision
+
+    def _replace(self, entries: dict[bytes, Entry[M]], revision: int) -> None:
         self.entries = entries
         self._advance(revision)
         self.ready.set()
@@ -200,6 +209,19 @@ class ClusterMirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+
+    async def catch_up(self, timeout: float) -> bool:
+        """Wait until every prefix holds every write made before this call (deletes aside).
+
+        One keys-only request per prefix asks etcd for its newest change after the mirror's
+        revision; the mirror then waits for its watch to deliver it. False on timeout.
+        """
+        for mirror in self._mirrors:
+            prefix = self.store.keys.prefix(mirror.kind)
+            newest = await self.store.newest_change(prefix, after=mirror.revision)
+            if newest and not await mirror.wait_for(newest, timeout):
+                return False
+        return True
 
     @property
     def ready(self) -> bool:

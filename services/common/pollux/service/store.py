@@ -493,12 +493,59 @@ class Store:
             entries = [self._entry(kv, cls) for kv in response.kvs]
         return entries, int(response.header.revision)
 
+    async def scan_pages(
+        self, prefix: bytes, cls: type[M], *, page: int = 1000
+    ) -> AsyncIterator[tuple[list[Entry[M]], int]]:
+        """Every message under a prefix, `page` at a time, all at one revision.
+
+        For prefixes too large to hold twice (the raw reply and the decoded messages): the
+        caller keeps what it needs of each page. Every page reflects the first page's revision.
+        """
+        end = _prefix_end(prefix)
+        start, revision = prefix, 0
+        while True:
+            response = await self._call(
+                "Range",
+                rpc.RangeRequest(key=start, range_end=end, revision=revision, limit=page),
+            )
+            revision = revision or int(response.header.revision)
+            kvs = list(response.kvs)
+            entries = await asyncio.to_thread(self._entries, kvs, cls)
+            yield entries, revision
+            if not response.more or not kvs:
+                return
+            start = bytes(kvs[-1].key) + b"\0"
+
+    async def newest_change(self, prefix: bytes, *, after: int) -> int:
+        """The highest mod revision of a key under `prefix` written after revision `after`, or 0.
+
+        A cheap freshness check for a mirror at revision `after` (keys only, one key back):
+        0 means no key under the prefix changed since. Deletes leave no key, so they do not
+        show; a mirror that misses one only plans a write that then fails its compare.
+        """
+        response = await self._call(
+            "Range",
+            rpc.RangeRequest(
+                key=prefix,
+                range_end=_prefix_end(prefix),
+                keys_only=True,
+                limit=1,
+                min_mod_revision=after + 1,
+                sort_order=rpc.RangeRequest.DESCEND,
+                sort_target=rpc.RangeRequest.MOD,
+            ),
+        )
+        return int(response.kvs[0].mod_revision) if response.kvs else 0
+
     async def list_keys(self, prefix: bytes) -> list[bytes]:
         """Keys under a prefix (no values)."""
         response = await self._call(
             "Range", rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix), keys_only=True)
         )
         return [bytes(kv.key) for kv in response.kvs]
+
+    def _entries(self, kvs: list[Any], cls: type[M]) -> list[Entry[M]]:
+        return [self._entry(kv, cls) for kv in kvs]
 
     def _entry(self, kv: Any, cls: type[M]) -> Entry[M]:
         return Entry(

@@ -148,7 +148,7 @@ class Scheduler:
         self.mirror = ClusterMirror(store, on_change=self.trigger)
         """The active state, mirrored from etcd (pollux.service.mirror): what rounds read."""
         self._committed = 0
-        """Revision of this term's last round commit (0: none yet: read etcd in full)."""
+        """Revision of this term's last round commit (0: none yet this term)."""
         self._recorded: dict[str, Recorded] | None = None
         """Each job's decision as this term's records hold it (cycle.Recorded)."""
 
@@ -199,7 +199,7 @@ class Scheduler:
     async def _lead(self, session: LeaseSession, fence: Fence) -> None:
         self._set_leading(fence)
         self._memory = None  # warm starts are per leader term, keyed by job id
-        self._committed = 0  # a term's first round reads etcd in full
+        self._committed = 0  # a term's first round checks the mirror against etcd
         self._recorded = None  # ...and records every job
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
@@ -264,19 +264,21 @@ class Scheduler:
         self._wake.clear()
 
     async def _read(self) -> Snapshot:
-        """What a round plans from: the mirror once it holds this term's last commit.
+        """What a round plans from: the mirror, once it is known to be fresh.
 
-        A term's first round, and any round whose mirror has not applied the last commit
-        within an interval (a watch re-listing), read etcd in full instead: a round never plans
-        from a state older than what this leader wrote.
+        Fresh means: it holds this term's last commit, or, for a term's first round, every
+        write made before the round began (`ClusterMirror.catch_up`). A round whose mirror is
+        not fresh within an interval (a watch re-listing) reads etcd in full instead: a round
+        never plans from a state older than what this leader wrote.
         """
+        wait = min(self.config.scheduling.interval_s, 5.0)
         if self._committed:
-            wait = min(self.config.scheduling.interval_s, 5.0)
-            if await self.mirror.jobs.wait_for(self._committed, wait):
-                return self.mirror.snapshot()
-            log.warning(
-                "mirror_lagging", committed=self._committed, mirrored=self.mirror.jobs.revision
-            )
+            fresh = await self.mirror.jobs.wait_for(self._committed, wait)
+        else:  # a term's first round: everything written before it, by anyone
+            fresh = await self.mirror.catch_up(wait)
+        if fresh:
+            return self.mirror.snapshot()
+        log.warning("mirror_lagging", committed=self._committed, mirrored=self.mirror.jobs.revision)
         return await self.store.snapshot()
 
     async def run_round(self, fence: Fence) -> pb.Decision:
