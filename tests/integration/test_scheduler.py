@@ -18,11 +18,12 @@ from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
+from pollux.scheduler.scheduler import Scheduler
 from pollux.service import store as store_module
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
-from pollux.service.store import FenceLost, Put, Store
+from pollux.service.store import Expect, Fence, FenceLost, Put, Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -490,3 +491,34 @@ async def test_a_standby_whose_watch_never_fires_still_takes_over_within_two_ttl
 async def _has_two_candidates(store: Store) -> bool:
     entries, _ = await store.scan(store.keys.prefix(Kind.LEADER), pb.Member)
     return len(entries) == 2
+
+
+async def test_a_job_changed_during_a_commit_is_left_out_not_the_whole_round(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    # A burst of cancels changes records while a round commits; re-planning the round at each
+    # conflict kept rounds from finishing for as long as the burst lasted.
+    scheduler = Scheduler(store, config(etcd, root, "s-1"), address="")
+    lease = await store.grant_lease(30)
+    leader = store.keys.leader(lease)
+    fence = Fence(leader, await store.put(leader, pb.Member(id="s-1"), lease=lease))
+    read = {}
+    for name in ("a", "b", "c"):
+        read[name] = await store.put(store.keys.job(name), pb.Job(id=name))
+    await store.put(store.keys.job("b"), pb.Job(id="b", cancel_requested=True))  # meanwhile
+    chunk = [
+        (
+            [Put(store.keys.job(n), pb.Job(id=n, restarts=1).SerializeToString())],
+            [Expect(store.keys.job(n), read[n])],
+        )
+        for n in ("a", "b", "c")
+    ]
+    await scheduler._commit_chunk(chunk, fence)
+    stored = {}
+    for name in ("a", "b", "c"):
+        entry = await store.get(store.keys.job(name), pb.Job)
+        assert entry is not None
+        stored[name] = entry.value
+    assert (stored["a"].restarts, stored["c"].restarts) == (1, 1)
+    assert stored["b"].cancel_requested, "the user's change stays"
+    assert stored["b"].restarts == 0

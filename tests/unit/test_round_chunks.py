@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import plan_round, takes_gpus
-from pollux.scheduler.scheduler import JOBS_PER_TXN, Group, chunked, commit_batches
+from pollux.scheduler.scheduler import JOBS_PER_TXN, Group, chunked, commit_batches, merged
 from pollux.service.store import (
     MAX_TXN_BYTES,
     Delete,
@@ -63,7 +63,7 @@ def test_every_commit_transaction_fits_the_store_bound_with_its_fence(sizes, del
     # over it once keys, compares and the fence are counted.
     fence = Fence(b"/pollux/v1/leader/694d8d3b2a1c", 7)
     groups = [group(i, size, deletes) for i, size in enumerate(sizes)]
-    batches = commit_batches(groups, fence)
+    batches = [merged(chunk) for chunk in commit_batches(groups, fence)]
     assert [op for ops, _ in batches for op in ops] == [op for ops, _ in groups for op in ops]
     assert [e for _, exp in batches for e in exp] == [e for _, exp in groups for e in exp]
     for ops, expect in batches:
@@ -77,7 +77,7 @@ def test_a_round_of_full_sized_jobs_fills_transactions_to_the_byte():
     # 40 of them hold under 1 MiB of keys and values, but their request is over 1 MiB.
     payload = sum(len(op.key) + len(getattr(op, "value", b"")) for g in groups[:40] for op in g[0])
     assert payload <= MAX_TXN_BYTES < sum(weight(g) for g in groups[:40])
-    batches = commit_batches(groups, fence)
+    batches = [merged(chunk) for chunk in commit_batches(groups, fence)]
     assert all(txn_bytes(ops, expect, fence) <= MAX_TXN_BYTES for ops, expect in batches)
     assert len(batches[0][1]) < JOBS_PER_TXN  # bytes, not the count, closed the first one
 

@@ -79,18 +79,20 @@ def chunked(groups: list[Group], *, max_jobs: int, max_bytes: int) -> list[list[
     return out
 
 
-def commit_batches(groups: list[Group], fence: Fence) -> list[Group]:
-    """A round's job writes as the fenced transactions the store accepts, in order.
+def commit_batches(groups: list[Group], fence: Fence) -> list[list[Group]]:
+    """A round's job writes as the chunks of fenced transactions the store accepts, in order.
 
-    Each holds at most `JOBS_PER_TXN` jobs and, with the fence's compare, at most the store's
-    `MAX_TXN_BYTES`. A job record is bounded (its spec by SubmitJob validation, its history by
-    the lifecycle), so one job always fits.
+    Each chunk holds at most `JOBS_PER_TXN` jobs and, merged (`merged`) with the fence's
+    compare, at most the store's `MAX_TXN_BYTES`. A job record is bounded (its spec by
+    SubmitJob validation, its history by the lifecycle), so one job always fits.
     """
     budget = MAX_TXN_BYTES - txn_bytes((), fence=fence)
-    return [
-        ([op for ops, _ in chunk for op in ops], [e for _, exp in chunk for e in exp])
-        for chunk in chunked(groups, max_jobs=JOBS_PER_TXN, max_bytes=budget)
-    ]
+    return chunked(groups, max_jobs=JOBS_PER_TXN, max_bytes=budget)
+
+
+def merged(chunk: list[Group]) -> Group:
+    """One transaction's ops and compares from a chunk of per-job groups."""
+    return [op for ops, _ in chunk for op in ops], [e for _, expect in chunk for e in expect]
 
 
 def make_policy(name: str, restart_delay_s: float) -> Policy:
@@ -325,6 +327,27 @@ class Scheduler:
             )
             return plan.decision
 
+    async def _commit_chunk(self, chunk: list[Group], fence: Fence) -> None:
+        """Commit one chunk; a job changed since the snapshot is left out, not the round.
+
+        A burst of cancels or submits changes job records while a round commits; re-planning
+        the whole round at each such conflict could keep every round from finishing while
+        the burst lasts. The job that moved is planned again by the next round instead (safe:
+        each job's writes are independent, see `cycle.takes_gpus`).
+        """
+        while chunk:
+            ops, expect = merged(chunk)
+            try:
+                self._committed = await self.store.txn(ops, expect=expect, fence=fence)
+                return
+            except Conflict as error:
+                moved = [g for g in chunk if any(e.key == error.key for e in g[1])]
+                if not moved:
+                    raise
+                log.info("round_job_changed_concurrently", key=error.key.decode())
+                ROUNDS.labels("job_skipped").inc()
+                chunk = [g for g in chunk if g not in moved]
+
     async def _commit(self, plan: RoundPlan, fence: Fence, number: int) -> None:
         keys = self.store.keys
         groups: list[Group] = []
@@ -339,8 +362,8 @@ class Scheduler:
             groups.append((ops, [Expect(keys.job(job.id), expected)]))
         # Each job's record and allocation change together; a round's jobs are committed in
         # chunks (etcd limits ops and bytes per txn), every chunk fenced. The decision goes last.
-        for ops, expect in commit_batches(groups, fence):
-            self._committed = await self.store.txn(ops, expect=expect, fence=fence)
+        for chunk in commit_batches(groups, fence):
+            await self._commit_chunk(chunk, fence)
         history = self.config.scheduling.decision_history
         tail: list[Put | Delete] = [Put(keys.decision(number), plan.decision.SerializeToString())]
         if number > history:
