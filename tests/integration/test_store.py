@@ -201,3 +201,15 @@ async def test_a_job_transitioned_many_times_keeps_a_bounded_history(store: Stor
     assert history[0].reason == "submitted"
     assert history[-1].reason.startswith(f"step {len(targets) - 1} ")
     assert stored.value.ByteSize() < 64 * 1024
+
+
+async def test_a_conflict_names_every_key_that_moved(store: Store) -> None:
+    k = store.keys
+    read = {n: await store.put(k.job(n), pb.Job(id=n)) for n in ("a", "b", "c")}
+    for moved in ("a", "c"):
+        await store.put(k.job(moved), pb.Job(id=moved, restarts=1))
+    with pytest.raises(Conflict) as conflict:
+        await store.txn(
+            [Put(k.job("b"), b"")], expect=[Expect(k.job(n), read[n]) for n in ("a", "b", "c")]
+        )
+    assert conflict.value.keys == (k.job("a"), k.job("c"))

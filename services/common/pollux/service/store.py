@@ -94,12 +94,14 @@ class Conflict(StoreError):
     """An optimistic-concurrency check failed: the entry changed since it was read.
 
     Attributes:
-        key: The key whose revision no longer matched.
+        key: The (first) key whose revision no longer matched.
+        keys: Every key whose revision no longer matched.
     """
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, keys: Sequence[bytes] = ()) -> None:
         super().__init__(f"{key.decode()} changed concurrently; re-read and retry")
         self.key = key
+        self.keys = tuple(keys) or (key,)
 
 
 class FenceLost(StoreError):
@@ -583,10 +585,13 @@ class Store:
             kvs = ranges[-1].kvs
             if not kvs or kvs[0].create_revision != fence.revision:
                 raise FenceLost()
-        for e, r in zip(expect, ranges, strict=False):
-            actual = r.kvs[0].mod_revision if r.kvs else 0
-            if actual != e.mod_revision:
-                raise Conflict(e.key)
+        moved = [
+            e.key
+            for e, r in zip(expect, ranges, strict=False)
+            if (r.kvs[0].mod_revision if r.kvs else 0) != e.mod_revision
+        ]
+        if moved:
+            raise Conflict(moved[0], moved)
         raise Conflict(expect[0].key if expect else b"?")
 
     async def put(self, key: bytes, message: Message, *, lease: int = 0) -> int:

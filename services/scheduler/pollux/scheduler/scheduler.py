@@ -341,11 +341,12 @@ class Scheduler:
                 self._committed = await self.store.txn(ops, expect=expect, fence=fence)
                 return
             except Conflict as error:
-                moved = [g for g in chunk if any(e.key == error.key for e in g[1])]
+                changed = set(error.keys)
+                moved = [g for g in chunk if any(e.key in changed for e in g[1])]
                 if not moved:
                     raise
-                log.info("round_job_changed_concurrently", key=error.key.decode())
-                ROUNDS.labels("job_skipped").inc()
+                log.info("round_jobs_changed_concurrently", jobs=len(moved))
+                ROUNDS.labels("job_skipped").inc(len(moved))
                 chunk = [g for g in chunk if g not in moved]
 
     async def _commit(self, plan: RoundPlan, fence: Fence, number: int) -> None:
