@@ -113,16 +113,21 @@ def plan_round(
     """
     plan = RoundPlan(memory=memory)
     changed: dict[str, pb.Job] = {}
-    working: dict[str, pb.Job] = {}
-    for job_id, entry in snapshot.jobs.items():
-        if entry.value.state in ACTIVE:
-            job = pb.Job()
-            job.CopyFrom(entry.value)
-            working[job_id] = job
+    # Records are copied before the first change only (copy on write): most jobs of a large
+    # cluster do not change in a round, and copying ten thousand of them costs more than
+    # planning their GPUs.
+    working: dict[str, pb.Job] = {
+        job_id: entry.value
+        for job_id, entry in snapshot.jobs.items()
+        if entry.value.state in ACTIVE
+    }
     statuses = _statuses_by_job(snapshot.replicas)
 
     # Phase 1: replica reports, cancellations and vanished nodes.
-    for job_id, job in working.items():
+    for job_id, original in list(working.items()):
+        if not (original.cancel_requested or original.allocation.nodes):
+            continue  # nothing for phase 1 to apply to a job holding nothing
+        job = working[job_id] = _copy(original)
         if _reconcile(job, statuses.get(job_id, {}), snapshot.nodes, now, round_number, plan):
             changed[job_id] = job
 
@@ -160,7 +165,7 @@ def plan_round(
         new_nodes = tuple(decision.allocations.get(job.id, ()))
         old_nodes = tuple(job.allocation.nodes)
         explain = decision.explain.get(job.id)
-        moved = Counter(new_nodes) != Counter(old_nodes)
+        moved = new_nodes != old_nodes and Counter(new_nodes) != Counter(old_nodes)
         entries.append(
             pb.JobDecision(
                 job_id=job.id,
@@ -174,8 +179,9 @@ def plan_round(
         if not moved:
             continue
         reason = explain.reason if explain else "re-allocated"
-        _reallocate(job, new_nodes, now, round_number, reason, plan)
-        changed[job.id] = job
+        mine = changed.get(job.id) or _copy(job)
+        _reallocate(mine, new_nodes, now, round_number, reason, plan)
+        changed[job.id] = mine
     previous = recorded or {}
     fresh = [e for e in entries if not _already_recorded(e, previous.get(e.job_id), round_number)]
     record.unchanged_not_recorded = len(entries) - len(fresh)
@@ -266,7 +272,6 @@ def _reconcile(
     plan: RoundPlan,
 ) -> bool:
     """Apply what happened since the last round to one job; True if it changed."""
-    before = job.SerializeToString()
     allocation = job.allocation
     if job.cancel_requested:
         _release(job, now, plan)
@@ -274,6 +279,7 @@ def _reconcile(
         return True
     if not allocation.nodes:
         return False
+    before = job.SerializeToString()
     lost = sorted({n for n in allocation.nodes if n not in nodes})
     if lost:
         _release(job, now, plan)
@@ -324,6 +330,13 @@ def _reconcile(
     ):
         transition(job, S.JOB_STATE_RUNNING, now, f"{len(running)} replicas running")
     return job.SerializeToString() != before
+
+
+def _copy(job: pb.Job) -> pb.Job:
+    """A copy of a snapshot's record that a round may change."""
+    mine = pb.Job()
+    mine.CopyFrom(job)
+    return mine
 
 
 def _held_seconds(job: pb.Job, now: float) -> float:
