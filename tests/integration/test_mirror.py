@@ -92,3 +92,38 @@ async def test_catching_up_makes_every_earlier_write_visible(store: Store) -> No
 
 
 STATES = (pb.JOB_STATE_RUNNING, pb.JOB_STATE_FAILED)
+
+
+async def test_the_job_index_pages_every_job_in_creation_order_with_filters(store: Store) -> None:
+    k = store.keys
+    for i in range(30):
+        record = job(f"j{i:02d}", STATES[i % 2])
+        record.spec.name = "big" if i % 3 == 0 else "small"
+        record.create_time.FromNanoseconds((1000 - i) * 10**9)  # newest ids first
+        await store.put(k.job(record.id), record)
+    mirror = ClusterMirror(store)
+    await mirror.start()
+    try:
+        seen: list[bytes] = []
+        after = None
+        while True:
+            keys, more = mirror.page(
+                states={pb.JOB_STATE_FAILED}, name_prefix="", labels={}, after=after, limit=4
+            )
+            seen.extend(keys)
+            if not more:
+                break
+            after = mirror.summaries[keys[-1]].order
+        expected = [k.job(f"j{i:02d}") for i in range(29, -1, -1) if i % 2]
+        assert seen == expected, "every failed job once, oldest first"
+        big, _ = mirror.page(states=set(), name_prefix="big", labels={}, after=None, limit=100)
+        assert len(big) == 10
+        gone = await store.get(k.job("j27"), pb.Job)
+        assert gone is not None
+        await store.delete_job(gone.value, expected=gone.mod_revision)
+        assert await mirror.catch_up(5.0)
+        await eventually(lambda: k.job("j27") not in mirror.summaries, 5, "the delete")
+        keys, _ = mirror.page(states=set(), name_prefix="", labels={}, after=None, limit=100)
+        assert len(keys) == 29
+    finally:
+        await mirror.stop()

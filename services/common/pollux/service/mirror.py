@@ -6,9 +6,10 @@ forever. Instead each scheduler replica keeps a `ClusterMirror`: every prefix a 
 listed once and then followed by a watch from the next revision, so a round costs what
 changed, not what exists.
 
-Only the *active* part is kept: jobs in a non-terminal state (with the models and replica
-statuses of those jobs), nodes and agents. A finished job is remembered by id and state alone
-(for ClusterStatus's counts), so memory follows the active load, not the history.
+Only the *active* part is kept in full: jobs in a non-terminal state (with the models and
+replica statuses of those jobs), nodes and agents. Every job, finished or not, is also in a
+small index (`JobSummary`: creation time, id, state, name, labels) in creation order, which
+ClusterStatus counts and ListJobs pages through, fetching only the records of the page.
 
 Freshness. A mirror lags etcd by a watch delivery (milliseconds). Rounds stay correct anyway:
 every job write is conditional on the mod revision the mirror holds, so a stale record makes
@@ -20,7 +21,10 @@ older than what it wrote. A watch that breaks or falls behind compaction re-list
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -36,6 +40,37 @@ log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=Message)
 
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What ListJobs filters and orders by, for one job (finished ones included)."""
+
+    order: tuple[int, str]
+    """(creation time in ns, id): the listing order."""
+    state: int
+    name: str
+    labels: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, job: pb.Job) -> JobSummary:
+        """The summary of a job record."""
+        return cls(
+            (job.create_time.ToNanoseconds(), job.id),
+            int(job.state),
+            job.spec.name,
+            tuple(sorted(job.spec.labels.items())),
+        )
+
+    def matches(self, states: set[int], name_prefix: str, labels: dict[str, str]) -> bool:
+        """Whether ListJobs' filters select this job."""
+        if states and self.state not in states:
+            return False
+        if not self.name.startswith(name_prefix):
+            return False
+        mine = dict(self.labels)
+        return all(mine.get(k) == v for k, v in labels.items())
+
+
 TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
 RELIST_DELAY_S = 1.0
 """Pause before re-listing a prefix whose watch failed (etcd unreachable, compacted)."""
@@ -48,21 +83,24 @@ class PrefixMirror(Generic[M]):
     Attributes:
         kind: The key kind mirrored.
         cls: Its message type.
-        keep: Which values are kept (the others are dropped, and reported to `on_drop`).
+        keep: Which values are kept in full.
         on_change: Called after each applied change (a round trigger).
-        on_drop: Called with (key, value or None) for changes not kept (terminal jobs).
+        on_seen: Called with (key, value) for every value listed or changed, kept or not,
+            and (key, None) for a delete: the jobs index.
     """
 
     kind: Kind
     cls: type[M]
     keep: Callable[[M], bool] = lambda _: True
     on_change: Callable[[bytes], None] | None = None
-    on_drop: Callable[[bytes, M | None], None] | None = None
+    on_seen: Callable[[bytes, M | None], None] | None = None
     entries: dict[bytes, Entry[M]] = field(default_factory=dict)
     revision: int = 0
     """The highest etcd revision applied (the list's, then each event's)."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    _listed: set[bytes] = field(default_factory=set)
+    """Every key under the prefix as last known (kept or not)."""
 
     async def run(self, store: Store) -> None:
         """List, then follow, forever; re-list after any watch failure."""
@@ -83,13 +121,19 @@ class PrefixMirror(Generic[M]):
         """
         entries: dict[bytes, Entry[M]] = {}
         revision = 0
+        seen: set[bytes] = set()
         async for page, at in store.scan_pages(prefix, self.cls):
             revision = at
             for entry in page:
+                seen.add(entry.key)
                 if self.keep(entry.value):
                     entries[entry.key] = entry
-                elif self.on_drop is not None:
-                    self.on_drop(entry.key, entry.value)
+                if self.on_seen is not None:
+                    self.on_seen(entry.key, entry.value)
+        if self.on_seen is not None:  # keys gone while the watch was down
+            for key in self._listed - seen:
+                self.on_seen(key, None)
+        self._listed = seen
         self._replace(entries, revision)
         return revision
 
@@ -103,8 +147,9 @@ class PrefixMirror(Generic[M]):
     def _apply(self, event: WatchEvent) -> None:
         if event.value is None:
             self.entries.pop(event.key, None)
-            if self.on_drop is not None:
-                self.on_drop(event.key, None)
+            self._listed.discard(event.key)
+            if self.on_seen is not None:
+                self.on_seen(event.key, None)
         else:
             try:
                 value = decode(self.cls, event.value, event.key)
@@ -117,8 +162,9 @@ class PrefixMirror(Generic[M]):
                 self.entries[event.key] = Entry(value, event.revision, created, key=event.key)
             else:
                 self.entries.pop(event.key, None)
-                if self.on_drop is not None:
-                    self.on_drop(event.key, value)
+            self._listed.add(event.key)
+            if self.on_seen is not None:
+                self.on_seen(event.key, value)
         self._advance(event.revision)
         if self.on_change is not None:
             self.on_change(event.key)
@@ -158,14 +204,16 @@ class ClusterMirror:
     def __init__(self, store: Store, on_change: Callable[[], None] | None = None) -> None:
         self.store = store
         self._on_change = on_change
-        self.finished: dict[bytes, int] = {}
-        """Finished jobs by key: their state alone (ClusterStatus counts them)."""
+        self.summaries: dict[bytes, JobSummary] = {}
+        """Every job by key, summarised (`JobSummary`)."""
+        self._order: list[tuple[tuple[int, str], bytes]] = []
+        """(order, key) of every job, sorted: ListJobs' index."""
         self.jobs: PrefixMirror[pb.Job] = PrefixMirror(
             Kind.JOBS,
             pb.Job,
             keep=lambda job: job.state not in TERMINAL_STATES,
             on_change=self._changed,
-            on_drop=self._finished,
+            on_seen=self._summarise,
         )
         self.nodes: PrefixMirror[pb.Node] = PrefixMirror(
             Kind.NODES, pb.Node, on_change=self._changed
@@ -188,11 +236,38 @@ class ClusterMirror:
         if self._on_change is not None:
             self._on_change()
 
-    def _finished(self, key: bytes, job: pb.Job | None) -> None:
-        if job is None:
-            self.finished.pop(key, None)
-        else:
-            self.finished[key] = job.state
+    def _summarise(self, key: bytes, job: pb.Job | None) -> None:
+        old = self.summaries.pop(key, None)
+        if old is not None:
+            at = bisect.bisect_left(self._order, (old.order, key))
+            if at < len(self._order) and self._order[at] == (old.order, key):
+                del self._order[at]
+        if job is not None:
+            summary = JobSummary.of(job)
+            self.summaries[key] = summary
+            bisect.insort(self._order, (summary.order, key))
+
+    def page(
+        self,
+        *,
+        states: set[int],
+        name_prefix: str,
+        labels: dict[str, str],
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[bytes], bool]:
+        """The next `limit` matching jobs' keys in creation order, and whether more match.
+
+        `after` is the (creation ns, id) of the last job of the previous page (None: first).
+        """
+        start = 0 if after is None else bisect.bisect_right(self._order, (after, b"\xff"))
+        keys: list[bytes] = []
+        for _, key in itertools.islice(self._order, start, None):
+            if self.summaries[key].matches(states, name_prefix, labels):
+                if len(keys) == limit:
+                    return keys, True
+                keys.append(key)
+        return keys, False
 
     async def start(self) -> None:
         """Start following etcd; returns once every prefix is listed."""
@@ -210,13 +285,14 @@ class ClusterMirror:
                 await task
         self._tasks = []
 
-    async def catch_up(self, timeout: float) -> bool:
-        """Wait until every prefix holds every write made before this call (deletes aside).
+    async def catch_up(self, timeout: float, *, jobs_only: bool = False) -> bool:
+        """Wait until every prefix (or the jobs') holds every write made before this call.
 
         One keys-only request per prefix asks etcd for its newest change after the mirror's
-        revision; the mirror then waits for its watch to deliver it. False on timeout.
+        revision; the mirror then waits for its watch to deliver it (deletes do not show this
+        way; a job deleted meanwhile is skipped by its reader). False on timeout.
         """
-        for mirror in self._mirrors:
+        for mirror in (self.jobs,) if jobs_only else self._mirrors:
             prefix = self.store.keys.prefix(mirror.kind)
             newest = await self.store.newest_change(prefix, after=mirror.revision)
             if newest and not await mirror.wait_for(newest, timeout):
@@ -242,9 +318,4 @@ class ClusterMirror:
 
     def state_counts(self) -> dict[int, int]:
         """Jobs per state, finished ones included."""
-        counts: dict[int, int] = {}
-        for job in self.jobs.values():
-            counts[job.state] = counts.get(job.state, 0) + 1
-        for state in self.finished.values():
-            counts[state] = counts.get(state, 0) + 1
-        return counts
+        return dict(Counter(summary.state for summary in self.summaries.values()))

@@ -518,6 +518,20 @@ class Store:
                 return
             start = bytes(kvs[-1].key) + b"\0"
 
+    async def get_many(self, keys: Sequence[bytes], cls: type[M]) -> list[Entry[M] | None]:
+        """The messages at `keys` (None where a key is gone), read in transactions of 100."""
+        found: list[Entry[M] | None] = []
+        for start in range(0, len(keys), 100):
+            reads = [
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
+                for key in keys[start : start + 100]
+            ]
+            response = await self._call("Txn", rpc.TxnRequest(success=reads))
+            for reply in response.responses:
+                kvs = reply.response_range.kvs
+                found.append(self._entry(kvs[0], cls) if kvs else None)
+        return found
+
     async def newest_change(self, prefix: bytes, *, after: int) -> int:
         """The highest mod revision of a key under `prefix` written after revision `after`, or 0.
 
