@@ -208,6 +208,8 @@ class ClusterMirror:
         """Every job by key, summarised (`JobSummary`)."""
         self._order: list[tuple[tuple[int, str], bytes]] = []
         """(order, key) of every job, sorted: ListJobs' index."""
+        self._counts: Counter[int] = Counter()
+        """Jobs per state, kept as summaries change (ClusterStatus)."""
         self.jobs: PrefixMirror[pb.Job] = PrefixMirror(
             Kind.JOBS,
             pb.Job,
@@ -239,12 +241,14 @@ class ClusterMirror:
     def _summarise(self, key: bytes, job: pb.Job | None) -> None:
         old = self.summaries.pop(key, None)
         if old is not None:
+            self._counts[old.state] -= 1
             at = bisect.bisect_left(self._order, (old.order, key))
             if at < len(self._order) and self._order[at] == (old.order, key):
                 del self._order[at]
         if job is not None:
             summary = JobSummary.of(job)
             self.summaries[key] = summary
+            self._counts[summary.state] += 1
             bisect.insort(self._order, (summary.order, key))
 
     def page(
@@ -318,4 +322,4 @@ class ClusterMirror:
 
     def state_counts(self) -> dict[int, int]:
         """Jobs per state, finished ones included."""
-        return dict(Counter(summary.state for summary in self.summaries.values()))
+        return {state: n for state, n in self._counts.items() if n > 0}
