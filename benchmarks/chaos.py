@@ -461,6 +461,18 @@ FAULTS = (
 )
 
 
+MUST_BE_ZERO = (
+    "lost",
+    "stuck",
+    "overlapping_generations",
+    "corrupted_checkpoints",
+    "leaked_slots",
+    "failed_jobs",
+    "bad_specs_accepted",
+)
+"""The figures (keys of `report`'s result) the suite fails on unless 0."""
+
+
 def report(tally: Tally, wall_s: float) -> dict[str, object]:
     """Print the figures; returns them (for --json)."""
     every = [s for values in tally.recovery.values() for s in values]

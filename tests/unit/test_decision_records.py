@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import REFRESH_ROUNDS, RoundPlan, plan_round
 from pollux.service.store import Entry, Snapshot
 from pollux.v1 import types_pb2 as pb
-
-
-class Fixed:
-    """A policy that answers the allocations it was built with, with a reason per job."""
-
-    name = "fixed"
-
-    def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
-        self.allocations = allocations
-
-    def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
-        explain = {j: JobExplain(1.0, 1.0, f"holds {len(n)}") for j, n in self.allocations.items()}
-        return AllocationDecision(self.allocations, explain, objective=1.0)
+from tests.unit.policy_builders import Fixed
 
 
 def snapshot(jobs: list[pb.Job]) -> Snapshot:

@@ -6,7 +6,6 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import plan_round, takes_gpus
 from pollux.scheduler.scheduler import JOBS_PER_TXN, Group, chunked, commit_batches, merged
 from pollux.service.store import (
@@ -20,6 +19,7 @@ from pollux.service.store import (
     txn_bytes,
 )
 from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import Fixed
 
 
 def group(job: int, size: int, with_delete: bool) -> Group:
@@ -91,20 +91,6 @@ def test_a_rounds_jobs_that_give_gpus_up_are_written_before_jobs_that_take_gpus(
     assert not takes_gpus(alloc("a", "b"), alloc("b", "a"))  # same GPUs
     assert takes_gpus(alloc(), alloc("a"))  # start
     assert takes_gpus(alloc("a", "a"), alloc("a", "b"))  # moves one replica to b
-
-
-class Fixed:
-    """A policy that answers the allocations it was built with."""
-
-    name = "fixed"
-
-    def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
-        self.allocations = allocations
-
-    def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
-        return AllocationDecision(self.allocations, {}, objective=1.0)
 
 
 def test_a_round_plans_the_job_that_frees_gpus_before_the_job_that_takes_them() -> None:
