@@ -52,6 +52,7 @@ def test_a_record_lists_what_changed_and_every_job_again_after_the_refresh_perio
     second = plan(jobs, policy, 2, first)
     assert list(second.decision.jobs) == []
     assert second.decision.unchanged_not_recorded == 3
+    assert (first.held_gpus, second.held_gpus) == (3, 3), "logged whatever was recorded"
 
     # A change is recorded at once, alone.
     moved = plan(jobs, Fixed({"a": ("n1",), "b": ("n1",), "c": ("n1", "n1")}), 3, second)

@@ -85,6 +85,7 @@ class RoundPlan:
         recorded: Each active job's decision as the records hold it once this round is
             committed (pass to the next round).
         active_jobs: Jobs the policy planned for.
+        held_gpus: GPUs the jobs hold once the round is committed.
     """
 
     jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
@@ -93,6 +94,7 @@ class RoundPlan:
     memory: object | None = None
     recorded: dict[str, Recorded] = field(default_factory=dict)
     active_jobs: int = 0
+    held_gpus: int = 0
 
 
 def plan_round(
@@ -164,6 +166,7 @@ def plan_round(
     for job in active:
         new_nodes = tuple(decision.allocations.get(job.id, ()))
         old_nodes = tuple(job.allocation.nodes)
+        plan.held_gpus += len(new_nodes)
         explain = decision.explain.get(job.id)
         moved = new_nodes != old_nodes and Counter(new_nodes) != Counter(old_nodes)
         entries.append(

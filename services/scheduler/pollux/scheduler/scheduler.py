@@ -318,7 +318,7 @@ class Scheduler:
                 jobs=plan.active_jobs,
                 recorded=len(plan.decision.jobs),
                 changed=len(plan.jobs),
-                gpus=sum(len(j.nodes) for j in plan.decision.jobs),
+                gpus=plan.held_gpus,
                 objective=round(plan.decision.objective, 6),
                 snapshot_ms=round((read - started) * 1e3, 1),
                 policy_ms=round((planned - read) * 1e3, 1),
