@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import REFRESH_ROUNDS, RoundPlan, plan_round
 from pollux.service.store import Entry, Snapshot
 from pollux.v1 import types_pb2 as pb
@@ -61,3 +62,42 @@ def test_a_record_lists_what_changed_and_every_job_again_after_the_refresh_perio
     # An unchanged job is recorded again once the refresh period has passed.
     late = plan(jobs, policy, 1 + REFRESH_ROUNDS, second)
     assert sorted(d.job_id for d in late.decision.jobs) == ["a", "b", "c"]
+
+
+def test_job_infos_reused_from_the_last_round_plan_exactly_as_fresh_ones() -> None:
+    class Recording(Fixed):
+        def allocate(
+            self, state: ClusterState, memory: object | None, rng: np.random.Generator
+        ) -> AllocationDecision:
+            self.seen = state.jobs
+            return super().allocate(state, memory, rng)
+
+    policy = Recording({"a": ("n1",), "b": (), "c": ("n1", "n1")})
+    jobs = [pending("a"), pending("b"), pending("c")]
+    first = plan(jobs, policy, 1, None)
+    committed = {job.id: job for job, _ in first.jobs}
+    jobs = [committed.get(j.id, j) for j in jobs]
+    for later in (2, 3):  # the same record objects: reused, with the held GPU time moved on
+        reused = plan_round(
+            snapshot(jobs),
+            policy,
+            None,
+            np.random.default_rng(0),
+            now=later * 100.0,
+            round_number=later,
+            scheduler_id="s",
+            known=first.known,
+        )
+        seen_reused = policy.seen
+        plan_round(
+            snapshot(jobs),
+            policy,
+            None,
+            np.random.default_rng(0),
+            now=later * 100.0,
+            round_number=later,
+            scheduler_id="s",
+        )
+        assert seen_reused == policy.seen
+        assert seen_reused[0].attained_service > 0, "time held moved on"
+        assert reused.known["b"].info is first.known["b"].info, "an idle job's info is reused"

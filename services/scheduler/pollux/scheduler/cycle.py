@@ -17,6 +17,7 @@ replayed from its snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -65,6 +66,21 @@ records list only what changed and stay small however many jobs are active."""
 
 
 @dataclass(frozen=True, slots=True)
+class KnownJob:
+    """A job's `JobInfo` as the last round built it, with the inputs it was built from.
+
+    A round builds a JobInfo for every active job; for a job whose record and model are the
+    very objects of the last round (the mirror replaces objects on change, never mutates
+    them) only the GPU time it has held moves on, so the rest is reused.
+    """
+
+    job: pb.Job
+    model: pb.JobModel | None
+    total_gpus: int
+    info: JobInfo
+
+
+@dataclass(frozen=True, slots=True)
 class Recorded:
     """A job's decision as last written to a decision record (the scheduler keeps these)."""
 
@@ -86,6 +102,7 @@ class RoundPlan:
             committed (pass to the next round).
         active_jobs: Jobs the policy planned for.
         held_gpus: GPUs the jobs hold once the round is committed.
+        known: Each active job's `KnownJob` (pass to the next round).
     """
 
     jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
@@ -95,6 +112,7 @@ class RoundPlan:
     recorded: dict[str, Recorded] = field(default_factory=dict)
     active_jobs: int = 0
     held_gpus: int = 0
+    known: dict[str, KnownJob] = field(default_factory=dict)
 
 
 def plan_round(
@@ -107,11 +125,12 @@ def plan_round(
     round_number: int,
     scheduler_id: str,
     recorded: Mapping[str, Recorded] | None = None,
+    known: Mapping[str, KnownJob] | None = None,
 ) -> RoundPlan:
     """Plan one round (see the module docstring).
 
-    `recorded` is the previous round's `RoundPlan.recorded` (None: a leader term's first round,
-    which records every job).
+    `recorded` and `known` are the previous round's `RoundPlan.recorded` and `.known` (None: a
+    leader term's first round, which records every job and builds every JobInfo).
     """
     plan = RoundPlan(memory=memory)
     changed: dict[str, pb.Job] = {}
@@ -129,9 +148,9 @@ def plan_round(
     for job_id, original in list(working.items()):
         if not (original.cancel_requested or original.allocation.nodes):
             continue  # nothing for phase 1 to apply to a job holding nothing
-        job = working[job_id] = _copy(original)
+        job = _copy(original)
         if _reconcile(job, statuses.get(job_id, {}), snapshot.nodes, now, round_number, plan):
-            changed[job_id] = job
+            working[job_id] = changed[job_id] = job
 
     # Phases 2-3: the policy over jobs still active.
     active = sorted(
@@ -147,7 +166,8 @@ def plan_round(
         now=now,
         nodes=nodes,
         jobs=tuple(
-            _job_info(j, snapshot.models.get(j.id), total, now, policy.name) for j in active
+            _known_info(j, snapshot.models.get(j.id), total, now, policy.name, known or {}, plan)
+            for j in active
         ),
     )
     plan.active_jobs = len(active)
@@ -425,6 +445,33 @@ def goodput_model(job: pb.Job, model: pb.JobModel | None) -> GoodputModel | None
         )
     except goodput_errors.GoodputError:
         return None  # an unusable model is treated as no model: linear-scaling assumption
+
+
+def _known_info(
+    job: pb.Job,
+    model: pb.JobModel | None,
+    total_gpus: int,
+    now: float,
+    policy: str,
+    known: Mapping[str, KnownJob],
+    plan: RoundPlan,
+) -> JobInfo:
+    """A job's JobInfo, reused from the last round when its inputs are the same objects."""
+    last = known.get(job.id)
+    if (
+        last is not None
+        and last.job is job
+        and last.model is model
+        and last.total_gpus == total_gpus
+    ):
+        info = last.info
+        held = _held_seconds(job, now)
+        if info.attained_service != held:
+            info = dataclasses.replace(info, attained_service=held)
+    else:
+        info = _job_info(job, model, total_gpus, now, policy)
+    plan.known[job.id] = KnownJob(job, model, total_gpus, info)
+    return info
 
 
 def _job_info(

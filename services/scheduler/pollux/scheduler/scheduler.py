@@ -23,7 +23,7 @@ from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.scheduler.config import SchedulerConfig
-from pollux.scheduler.cycle import Recorded, RoundPlan, plan_round
+from pollux.scheduler.cycle import KnownJob, Recorded, RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
 from pollux.scheduler.retention import plan_sweep, sweep
 from pollux.service.mirror import ClusterMirror
@@ -153,6 +153,8 @@ class Scheduler:
         """Revision of this term's last round commit (0: none yet this term)."""
         self._recorded: dict[str, Recorded] | None = None
         """Each job's decision as this term's records hold it (cycle.Recorded)."""
+        self._known: dict[str, KnownJob] | None = None
+        """Each active job's JobInfo as the last round built it (cycle.KnownJob)."""
 
     def trigger(self) -> None:
         """Ask for a round soon (debounced); harmless on followers."""
@@ -203,6 +205,7 @@ class Scheduler:
         self._memory = None  # warm starts are per leader term, keyed by job id
         self._committed = 0  # a term's first round checks the mirror against etcd
         self._recorded = None  # ...and records every job
+        self._known = None
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
         janitor = asyncio.create_task(self._retain(fence))
@@ -302,12 +305,14 @@ class Scheduler:
                 round_number=number,
                 scheduler_id=self.member.id,
                 recorded=self._recorded,
+                known=self._known,
             )
             planned = time.perf_counter()
             await self._commit(plan, fence, number)
             committed = time.perf_counter()
             self._memory = plan.memory
             self._recorded = plan.recorded
+            self._known = plan.known
             self.last_round = number
             ROUND_SECONDS.labels("snapshot").observe(read - started)
             ROUND_SECONDS.labels("policy").observe(planned - read)
