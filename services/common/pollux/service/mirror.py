@@ -97,6 +97,8 @@ class PrefixMirror(Generic[M]):
     entries: dict[bytes, Entry[M]] = field(default_factory=dict)
     revision: int = 0
     """The highest etcd revision applied (the list's, then each event's)."""
+    page: int = 1000
+    """Keys per listing request."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     _listed: set[bytes] = field(default_factory=set)
@@ -113,6 +115,9 @@ class PrefixMirror(Generic[M]):
             except StoreError as error:
                 log.warning("mirror_relisting", kind=str(self.kind), error=str(error))
                 await asyncio.sleep(RELIST_DELAY_S)
+            except Exception:  # a dead mirror would freeze rounds: log, re-list, go on
+                log.exception("mirror_crashed", kind=str(self.kind))
+                await asyncio.sleep(RELIST_DELAY_S)
 
     async def _list(self, store: Store, prefix: bytes) -> int:
         """Replace the mirror by a listing; returns the listing's revision.
@@ -122,9 +127,9 @@ class PrefixMirror(Generic[M]):
         entries: dict[bytes, Entry[M]] = {}
         revision = 0
         seen: set[bytes] = set()
-        async for page, at in store.scan_pages(prefix, self.cls):
+        async for batch, at in store.scan_pages(prefix, self.cls, page=self.page):
             revision = at
-            for entry in page:
+            for entry in batch:
                 seen.add(entry.key)
                 if self.keep(entry.value):
                     entries[entry.key] = entry

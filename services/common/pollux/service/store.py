@@ -354,6 +354,9 @@ class Store:
         self._client = client
         self.keys = Keys(root)
         self._owned = False
+        self.jobs_written = 0
+        """Revision of the last job-record write made through this store (read your writes:
+        a replica's mirror waits for it before answering a listing)."""
 
     @classmethod
     async def connect(
@@ -593,7 +596,11 @@ class Store:
         _check_size(ops, request)
         response = await self._call("Txn", request)
         if response.succeeded:
-            return int(response.header.revision)
+            revision = int(response.header.revision)
+            jobs = self.keys.prefix(Kind.JOBS)
+            if any(op.key.startswith(jobs) for op in ops):
+                self.jobs_written = max(self.jobs_written, revision)
+            return revision
         ranges = [r.response_range for r in response.responses]
         if fence is not None:
             kvs = ranges[-1].kvs

@@ -168,11 +168,16 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
 
         From the replica's mirror index when it has one (only the page's records are read
         from etcd, so a page costs the same at any number of finished jobs), else by reading
-        every job.
+        every job. The index holds every job-record write this replica made (it waits for the
+        last one) and other replicas' writes within a watch delivery, as a watch cache does.
         """
         states, labels = {int(s) for s in request.states}, dict(request.labels)
         mirror = self.mirror
-        if mirror is not None and mirror.ready and await mirror.catch_up(2.0, jobs_only=True):
+        if (
+            mirror is not None
+            and mirror.ready
+            and await mirror.jobs.wait_for(self.store.jobs_written, 2.0)
+        ):
             keys, more = mirror.page(
                 states=states,
                 name_prefix=request.name_prefix,
