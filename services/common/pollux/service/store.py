@@ -41,6 +41,8 @@ rows, replicas and shapes, a decision record by bytes); a value past it is a bug
 input, refused with `ValueTooLarge` instead of growing etcd's database and every scan."""
 _MAINTENANCE = frozenset({"Status", "Alarm", "Defragment"})
 """etcd RPCs served by the Maintenance service (the rest: KV and Lease)."""
+CLOSE_TIMEOUT_S = 1.0
+"""How long closing waits for aetcd's own shutdown before closing the channel itself."""
 LARGE_SCAN = 256
 """Scans with more values than this are decoded off the event loop."""
 log = structlog.get_logger(__name__)
@@ -387,9 +389,21 @@ class Store:
         return store
 
     async def close(self) -> None:
-        """Close the connection if this store opened it."""
-        if self._owned:
-            await self._client.close()
+        """Close the connection if this store opened it; never hangs.
+
+        aetcd's watcher shutdown puts a sentinel into its bounded request queue, which can
+        wait for good when the queue is full and its stream no longer reads it. After
+        `CLOSE_TIMEOUT_S` the channel is closed directly, which ends every call and stream.
+        """
+        if not self._owned:
+            return
+        try:
+            await asyncio.wait_for(self._client.close(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("etcd_client_close_stuck", timeout_s=CLOSE_TIMEOUT_S)
+            channel = self._client.channel
+            if channel is not None:
+                await channel.close()
 
     # -- generic operations ------------------------------------------------------------------
 
@@ -515,7 +529,10 @@ class Store:
             )
             revision = revision or int(response.header.revision)
             kvs = list(response.kvs)
-            entries = await asyncio.to_thread(self._entries, kvs, cls)
+            if len(kvs) > LARGE_SCAN:  # as in `scan`: decode big pages off the event loop
+                entries = await asyncio.to_thread(self._entries, kvs, cls)
+            else:
+                entries = self._entries(kvs, cls)
             yield entries, revision
             if not response.more or not kvs:
                 return
