@@ -253,6 +253,9 @@ def tail_worker(rank, port, samples, with_buffer, out_dir):
     trainer.close()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.save({"steps": trainer.steps, "params": params}, out_dir / f"tail{rank}.pt")
+    # Both ranks leave together: a rank that tears its gloo pairs down while its peer is
+    # still inside a collective makes the peer's process abort ("terminate called ...").
+    dist.barrier()
     dist.destroy_process_group()
 
 
