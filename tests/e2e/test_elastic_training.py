@@ -162,8 +162,11 @@ def kept_batches(
 
     A generation's steps at or beyond the next generation's first step were cut short by the
     restart and trained again by the next one, so they are dropped; everything else counts.
+    Generations that logged no step are left out.
     """
-    gens = sorted(logs)
+    # A generation stopped by the next rescale before its first step logged nothing: it kept
+    # nothing, so it neither resumes nor is resumed from.
+    gens = sorted(g for g in logs if any(logs[g].values()))
     starts = {g: min(r[2] for rows in logs[g].values() for r in rows) for g in gens}
     spans = []
     seen: dict[int, list[int]] = defaultdict(list)
