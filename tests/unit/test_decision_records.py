@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pollux.policy.types import AllocationDecision, ClusterState
-from pollux.scheduler.cycle import REFRESH_ROUNDS, RoundPlan, plan_round
+from pollux.scheduler.cycle import REFRESH_ROUNDS, KnownJob, RoundPlan, plan_round
 from pollux.service.store import Entry, Snapshot
 from pollux.v1 import types_pb2 as pb
 from tests.unit.policy_builders import Fixed
@@ -38,6 +38,22 @@ def plan(jobs: list[pb.Job], policy: Fixed, number: int, previous: RoundPlan | N
         round_number=number,
         scheduler_id="s",
         recorded=previous.recorded if previous else None,
+    )
+
+
+def plan_at(
+    jobs: list[pb.Job], policy: Fixed, number: int, *, known: dict[str, KnownJob] | None
+) -> RoundPlan:
+    """Round `number` at time number × 100 s, with or without the last round's JobInfos."""
+    return plan_round(
+        snapshot(jobs),
+        policy,
+        None,
+        np.random.default_rng(0),
+        now=number * 100.0,
+        round_number=number,
+        scheduler_id="s",
+        known=known,
     )
 
 
@@ -78,26 +94,9 @@ def test_job_infos_reused_from_the_last_round_plan_exactly_as_fresh_ones() -> No
     committed = {job.id: job for job, _ in first.jobs}
     jobs = [committed.get(j.id, j) for j in jobs]
     for later in (2, 3):  # the same record objects: reused, with the held GPU time moved on
-        reused = plan_round(
-            snapshot(jobs),
-            policy,
-            None,
-            np.random.default_rng(0),
-            now=later * 100.0,
-            round_number=later,
-            scheduler_id="s",
-            known=first.known,
-        )
+        reused = plan_at(jobs, policy, later, known=first.known)
         seen_reused = policy.seen
-        plan_round(
-            snapshot(jobs),
-            policy,
-            None,
-            np.random.default_rng(0),
-            now=later * 100.0,
-            round_number=later,
-            scheduler_id="s",
-        )
+        plan_at(jobs, policy, later, known=None)
         assert seen_reused == policy.seen
         assert seen_reused[0].attained_service > 0, "time held moved on"
         assert reused.known["b"].info is first.known["b"].info, "an idle job's info is reused"
