@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pollux.service.mirror import ClusterMirror
-from pollux.service.store import Put, Store
+from pollux.service.store import Put, Store, cancel_and_wait
 from pollux.v1 import types_pb2 as pb
 from tests.waiting import eventually
 
@@ -127,3 +129,19 @@ async def test_the_job_index_pages_every_job_in_creation_order_with_filters(stor
         assert len(keys) == 29
     finally:
         await mirror.stop()
+
+
+async def test_stopping_while_the_watches_are_created_always_stops(store: Store) -> None:
+    """`start` returns as soon as every prefix is listed, so a `stop` right after it lands
+    while the watches are being created, where aetcd's `wait_for` can swallow a cancel (a
+    CI run hung here for its whole timeout). Stop must finish every time."""
+    await store.put(store.keys.job("j"), job("j", pb.JOB_STATE_RUNNING))
+    for _ in range(40):
+        mirror = ClusterMirror(store)
+        await mirror.start()
+        stopping = asyncio.create_task(mirror.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+        if not done:  # a cancel of `stop` reaches the watch and ends it: clean up, then fail
+            await cancel_and_wait(stopping)
+        assert done, "stop hung: a swallowed cancel left a mirror following etcd"
+        assert not mirror._tasks

@@ -33,7 +33,15 @@ import structlog
 from google.protobuf.message import Message
 
 from pollux.service.keys import Kind
-from pollux.service.store import Entry, Snapshot, Store, StoreError, WatchEvent, decode
+from pollux.service.store import (
+    Entry,
+    Snapshot,
+    Store,
+    StoreError,
+    WatchEvent,
+    cancel_and_wait,
+    decode,
+)
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -286,12 +294,13 @@ class ClusterMirror:
         await asyncio.gather(*(m.ready.wait() for m in self._mirrors))
 
     async def stop(self) -> None:
-        """Stop following."""
+        """Stop following.
+
+        `cancel_and_wait`, not one `cancel()`: a cancel that reaches a watch being created is
+        swallowed by aetcd's `wait_for`, and the mirror would then follow etcd forever.
+        """
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._tasks = []
 
     async def catch_up(self, timeout: float, *, jobs_only: bool = False) -> bool:

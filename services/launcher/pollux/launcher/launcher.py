@@ -73,6 +73,7 @@ from pollux.service.store import (
     Store,
     StoreError,
     WatchEvent,
+    cancel_and_wait,
     decode,
 )
 from pollux.v1 import types_pb2 as pb
@@ -267,9 +268,7 @@ class Launcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reconcile), 4 * self.config.etcd.timeout_s)
         for task in self._loops:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # the watch loop may swallow a single cancel
         live = [r for r in self._replicas.values() if r.alive]
         self._log.info("launcher_stopping", replicas=len(live))
         stops = [self._stop(r, "launcher shutting down") for r in live]
