@@ -111,7 +111,7 @@ class Suite:
 
     def client(self) -> Client:
         """A client of the scheduler replicas alive now (their ports change on restart)."""
-        return Client(self.cluster.scheduler_addresses, timeout_s=5.0)
+        return self.cluster.client(timeout_s=5.0)
 
     def with_client(self, call: Callable[[Client], T], attempts: int = 30) -> T:
         """Call the API, retrying through failovers (UNAVAILABLE) for up to ~30 s."""
@@ -338,7 +338,7 @@ class Suite:
         for name, proc in self.cluster.procs.items():
             if not name.startswith("node") or proc.process.poll() is not None:
                 continue
-            with grpc.insecure_channel(proc.address) as channel:
+            with self.cluster.service_channel(proc.address) as channel:
                 try:
                     reply = lpb_grpc.LauncherServiceStub(channel).ListReplicas(
                         lpb.ListReplicasRequest(), timeout=5.0

@@ -181,6 +181,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
         agents=0,
         interval_s=1.0,
         lease_ttl_s=args.lease_ttl,
+        secure=False,  # raw stubs measure the control plane, not TLS handshakes
     ).start()
     try:
         await asyncio.sleep(1.0)

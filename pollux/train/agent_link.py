@@ -11,12 +11,17 @@ refreshed by a background thread so that `batch_config()` never blocks a trainin
 answer names the live agents in the job's rendezvous order; when that list differs from the
 link's (agents came or went), the link re-points to it, so running replicas follow their job's
 agent without a restart.
+
+On a cluster with TLS the launcher also sets `POLLUX_TLS_CA` (to check the agent's
+certificate) and `POLLUX_JOB_CREDENTIAL` (sent as a bearer credential with every call; the
+agent takes reports only for the job it names).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import structlog
@@ -41,6 +46,8 @@ class AgentLink:
         job_id: The job.
         timeout_s: Deadline of one RPC.
         refresh_s: Seconds between background batch-configuration refreshes.
+        credential: The job credential (POLLUX_JOB_CREDENTIAL); needs `ca_file`.
+        ca_file: CA to check agents against (POLLUX_TLS_CA); None: plaintext.
     """
 
     def __init__(
@@ -50,13 +57,24 @@ class AgentLink:
         *,
         timeout_s: float = 2.0,
         refresh_s: float = 2.0,
+        credential: str | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("AgentLink needs at least one agent address")
+        if credential and ca_file is None:
+            raise ValueError("a job credential is only sent over TLS: set POLLUX_TLS_CA too")
         self.job_id = job_id
         self.timeout_s = timeout_s
         self.addresses = list(addresses)
-        self._channels = [grpc.insecure_channel(a) for a in addresses]
+        self._credentials: grpc.ChannelCredentials | None = None
+        if ca_file is not None:
+            self._credentials = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
+            if credential:
+                self._credentials = grpc.composite_channel_credentials(
+                    self._credentials, grpc.access_token_call_credentials(credential)
+                )
+        self._channels = [self._open(a) for a in addresses]
         self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
         self._preferred = 0
         self._configs: dict[tuple[int, int], BatchConfig] = {}
@@ -66,6 +84,11 @@ class AgentLink:
         self._refresh_s = refresh_s
         self._thread = threading.Thread(target=self._refresh_loop, name="agent-link", daemon=True)
         self._thread.start()
+
+    def _open(self, address: str) -> grpc.Channel:
+        if self._credentials is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, self._credentials)
 
     def _call(self, method: str, request: object) -> object:
         with self._lock:
@@ -103,7 +126,7 @@ class AgentLink:
                 return
             old_channels = self._channels
             self.addresses = agents
-            self._channels = [grpc.insecure_channel(a) for a in agents]
+            self._channels = [self._open(a) for a in agents]
             self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
             self._preferred = 0
         log.info("agent_link_repointed", job_id=self.job_id, agents=agents)

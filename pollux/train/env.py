@@ -41,6 +41,10 @@ class TrainEnv:
             (every GPU visible). An empty tuple means no GPU.
         num_nodes: ``POLLUX_NUM_NODES``, the number of distinct nodes N of the allocation, or
             None when unset; the trainer then counts distinct host names across replicas.
+        job_credential: ``POLLUX_JOB_CREDENTIAL``, what proves this job to its agent on a
+            cluster with TLS (the launcher's; valid for this job only), or None.
+        tls_ca: ``POLLUX_TLS_CA``, the CA file the agent's certificate is checked against;
+            set with TLS, None on a plaintext cluster.
     """
 
     job_id: str = DEFAULT_JOB_ID
@@ -54,6 +58,8 @@ class TrainEnv:
     master_port: int = DEFAULT_MASTER_PORT
     cuda_visible_devices: tuple[str, ...] | None = None
     num_nodes: int | None = None
+    job_credential: str | None = None
+    tls_ca: Path | None = None
 
     def __post_init__(self) -> None:
         _check_identity(self)
@@ -87,6 +93,8 @@ class TrainEnv:
             if cvd is None
             else tuple(d.strip() for d in cvd.split(",") if d.strip()),
             num_nodes=_optional_int(env, "POLLUX_NUM_NODES", minimum=1),
+            job_credential=_text(env, "POLLUX_JOB_CREDENTIAL"),
+            tls_ca=_path(env, "POLLUX_TLS_CA"),
         )
 
 

@@ -1115,7 +1115,7 @@ def _agent_link(env: TrainEnv) -> AgentLink | None:
     addresses = [a.strip() for a in env.agent_addr.split(",") if a.strip()]
     if not addresses:
         return None
-    return AgentLink(addresses, env.job_id)
+    return AgentLink(addresses, env.job_id, credential=env.job_credential, ca_file=env.tls_ca)
 
 
 def _dense_grad(param: torch.Tensor) -> torch.Tensor:

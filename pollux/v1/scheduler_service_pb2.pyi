@@ -1,3 +1,4 @@
+from pollux.v1 import launcher_service_pb2 as _launcher_service_pb2
 from pollux.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

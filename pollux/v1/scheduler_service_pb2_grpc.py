@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from pollux.v1 import launcher_service_pb2 as pollux_dot_v1_dot_launcher__service__pb2
 from pollux.v1 import scheduler_service_pb2 as pollux_dot_v1_dot_scheduler__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -74,6 +75,11 @@ class SchedulerServiceStub:
                 '/pollux.v1.SchedulerService/ClusterStatus',
                 request_serializer=pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
+        self.StreamLogs = channel.unary_stream(
+                '/pollux.v1.SchedulerService/StreamLogs',
+                request_serializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.SerializeToString,
+                response_deserializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.FromString,
                 _registered_method=True)
 
 
@@ -147,6 +153,16 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamLogs(self, request, context):
+        """StreamLogs streams a replica's log from the launcher of the node that runs (or last ran)
+        it: clients never dial launchers, whose ports only accept the services' certificates.
+        Errors: NOT_FOUND (no such job, or no node has a replica of that rank),
+        UNAVAILABLE (the node's launcher does not answer).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +205,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusRequest.FromString,
                     response_serializer=pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'StreamLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamLogs,
+                    request_deserializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.FromString,
+                    response_serializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -408,6 +429,33 @@ class SchedulerService:
             '/pollux.v1.SchedulerService/ClusterStatus',
             pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusRequest.SerializeToString,
             pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pollux.v1.SchedulerService/StreamLogs',
+            pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.SerializeToString,
+            pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,7 +73,7 @@ class BatchLimits(_message.Message):
     def __init__(self, initial_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., min_local_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "env", "working_dir", "batch", "scaling_rule", "max_replicas", "max_failures", "stop_grace_s", "labels")
+    __slots__ = ("name", "command", "env", "working_dir", "batch", "scaling_rule", "max_replicas", "max_failures", "stop_grace_s", "labels", "secret_env")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,13 @@ class JobSpec(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SecretEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +105,7 @@ class JobSpec(_message.Message):
     MAX_FAILURES_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -108,7 +116,8 @@ class JobSpec(_message.Message):
     max_failures: int
     stop_grace_s: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., scaling_rule: _Optional[_Union[ScalingRule, str]] = ..., max_replicas: _Optional[int] = ..., max_failures: _Optional[int] = ..., stop_grace_s: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    secret_env: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., scaling_rule: _Optional[_Union[ScalingRule, str]] = ..., max_replicas: _Optional[int] = ..., max_failures: _Optional[int] = ..., stop_grace_s: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StateTransition(_message.Message):
     __slots__ = ("state", "time", "reason")
@@ -121,7 +130,7 @@ class StateTransition(_message.Message):
     def __init__(self, state: _Optional[_Union[JobState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds")
+    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds", "owner", "tenant")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +143,8 @@ class Job(_message.Message):
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
     ATTAINED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     request_id: str
@@ -146,7 +157,9 @@ class Job(_message.Message):
     allocation: Allocation
     finish_time: _timestamp_pb2.Timestamp
     attained_gpu_seconds: float
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ...) -> None: ...
+    owner: str
+    tenant: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ..., owner: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("nodes", "generation", "time", "round")
@@ -356,3 +369,73 @@ class Decision(_message.Message):
     pending_not_recorded: int
     unchanged_not_recorded: int
     def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ...) -> None: ...
+
+class ApiToken(_message.Message):
+    __slots__ = ("id", "user", "role", "tenant", "secret_sha256", "create_time", "expire_time", "description", "created_by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    user: str
+    role: str
+    tenant: str
+    secret_sha256: bytes
+    create_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    description: str
+    created_by: str
+    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., role: _Optional[str] = ..., tenant: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., description: _Optional[str] = ..., created_by: _Optional[str] = ...) -> None: ...
+
+class Tenant(_message.Message):
+    __slots__ = ("name", "guarantee_gpus", "weight", "cap_gpus", "create_time")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CAP_GPUS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    guarantee_gpus: int
+    weight: float
+    cap_gpus: int
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., guarantee_gpus: _Optional[int] = ..., weight: _Optional[float] = ..., cap_gpus: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("time", "principal", "role", "action", "target", "peer", "outcome", "detail")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    principal: str
+    role: str
+    action: str
+    target: str
+    peer: str
+    outcome: str
+    detail: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[str] = ..., peer: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class UsageRecord(_message.Message):
+    __slots__ = ("tenant", "user", "day", "gpu_seconds", "goodput_seconds")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    DAY_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    user: str
+    day: str
+    gpu_seconds: float
+    goodput_seconds: float
+    def __init__(self, tenant: _Optional[str] = ..., user: _Optional[str] = ..., day: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., goodput_seconds: _Optional[float] = ...) -> None: ...

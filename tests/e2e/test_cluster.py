@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pollux.client import Client, JobSpec
+from pollux.client import JobSpec
 from pollux.service.local_cluster import LocalCluster
 from tests.waiting import wait_until
 
@@ -52,6 +52,13 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         check=False,
+        # What `pollux-up` writes to the config file, given through the environment here.
+        env={
+            **os.environ,
+            "POLLUX_CONFIG": str(cluster.workdir / "no-config.toml"),
+            "POLLUX_CA": str(cluster.ca_file),
+            "POLLUX_TOKEN": cluster.admin_token or "",
+        },
     )
 
 
@@ -88,7 +95,7 @@ def test_jobs_complete_through_leader_failover(cluster: LocalCluster, tmp_path: 
     )
     assert submitted.returncode == 0, submitted.stderr
     cli_job = json.loads(submitted.stdout)["id"]
-    with Client(cluster.scheduler_addresses) as client:
+    with cluster.client() as client:
         jobs = [client.submit(spec).id, client.submit(spec).id, cli_job]
 
         def running() -> bool:
@@ -101,8 +108,7 @@ def test_jobs_complete_through_leader_failover(cluster: LocalCluster, tmp_path: 
         killed_at = time.monotonic()
         cluster.kill(leader)
 
-    survivors = list(cluster.scheduler_addresses)
-    with Client(survivors) as client:
+    with cluster.client() as client:  # the surviving replica
 
         def new_leader() -> bool:
             s = client.cluster_status()

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-from pollux.client import Client, JobSpec
+from pollux.client import JobSpec
 from pollux.service.local_cluster import LocalCluster
 from tests.waiting import wait_until
 
@@ -221,7 +221,7 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
         max_replicas=1,
         stop_grace_s=5,
     )
-    with Client(cluster.scheduler_addresses) as client:
+    with cluster.client() as client:
         job_id = client.submit(spec).id
 
         def training_on(want: Callable[[int], bool]) -> bool:

@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 from pollux.client import cli, errors
 from pollux.client._convert import cluster_to_proto, job_to_proto
 from pollux.client.client import Client
-from pollux.client.types import Allocation, ClusterStatus, Job, JobSpec, NodeStatus
+from pollux.client.types import Allocation, ClusterStatus, Job, JobSpec
 from pollux.service.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -34,8 +34,8 @@ from pollux.service.errors import (
 )
 from pollux.service.store import Conflict, FenceLost, StoreUnavailable
 from pollux.v1 import launcher_service_pb2 as lpb
-from pollux.v1 import launcher_service_pb2_grpc, scheduler_service_pb2_grpc
 from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import scheduler_service_pb2_grpc
 from pollux.v1 import types_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)
@@ -84,6 +84,15 @@ class Scheduler(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         self.calls: list[tuple[str, Any]] = []
         self.job = a_job()
         self.cluster = ClusterStatus((), (), "", "", 0, 0, {}, 0, name)
+        self.log_requests: list[Any] = []
+
+    async def StreamLogs(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Like a scheduler relaying a launcher that ran rank 1 of every job."""
+        self.log_requests.append(request)
+        if request.rank != 1:
+            await abort(context, NotFound(f"no replica of rank {request.rank} of {request.job_id}"))
+        yield lpb.StreamLogsResponse(lines=["epoch 1", "epoch 2"], generation=2)
+        yield lpb.StreamLogsResponse(lines=["done"], generation=2)
 
     async def _fail(self, context: Any) -> None:
         if self.always is not None:
@@ -126,25 +135,6 @@ class Scheduler(scheduler_service_pb2_grpc.SchedulerServiceServicer):
             yield spb.WatchJobsResponse(job=job_to_proto(a_job(f"j-{i}")), deleted=i == 1)
         if request.job_id == "then-fail":
             await abort(context, Unavailable("lost leadership mid-stream"))
-
-
-class Launcher(launcher_service_pb2_grpc.LauncherServiceServicer):
-    """A launcher that has run rank 1 of every job and serves three log lines."""
-
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-
-    async def StreamLogs(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self.requests.append(request)
-        if request.rank != 1:
-            await abort(context, NotFound(f"no replica of rank {request.rank} here"))
-        yield lpb.StreamLogsResponse(lines=["epoch 1", "epoch 2"], generation=2)
-        yield lpb.StreamLogsResponse(lines=["done"], generation=2)
-
-    async def ListReplicas(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return lpb.ListReplicasResponse(
-            replicas=[pb.ReplicaStatus(job_id=request.job_id, rank=1, generation=2, node="n2")]
-        )
 
 
 class Servers:
@@ -419,50 +409,17 @@ def test_watch_error_after_events_is_raised_not_replayed(servers):
 # ---- logs ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def cluster_with_launcher(servers: Servers) -> tuple[Scheduler, Launcher, str]:
-    launcher = Launcher()
-    launcher_address = servers.start(
-        lambda s: launcher_service_pb2_grpc.add_LauncherServiceServicer_to_server(launcher, s)
-    )
-    scheduler = Scheduler("a")
-    scheduler.cluster = ClusterStatus(
-        nodes=(
-            NodeStatus("n1", free_port_address(), 1, "cpu-slot", {}, None, 1, ("j-1",)),
-            NodeStatus("n2", launcher_address, 1, "cpu-slot", {}, None, 1, ("j-1",)),
-        ),
-        agents=(),
-        leader_id="a",
-        leader_address="",
-        total_gpus=2,
-        allocated_gpus=2,
-        jobs_by_state={"RUNNING": 1},
-        last_round=3,
-        answered_by="a",
-    )
-    return scheduler, launcher, servers.scheduler(scheduler)
-
-
-def test_logs_come_from_the_node_of_the_rank(cluster_with_launcher):
-    scheduler, launcher, address = cluster_with_launcher
-    scheduler.job = a_job(nodes=("n1", "n2"))
+def test_logs_are_relayed_by_a_scheduler(scheduler):
+    servicer, address = scheduler
     with Client(address) as client:
         lines = list(client.logs("j-1", rank=1, follow=True, tail_lines=5))
     assert lines == ["epoch 1", "epoch 2", "done"]
-    request = launcher.requests[0]
+    request = servicer.log_requests[0]
     assert (request.job_id, request.rank, request.follow, request.tail_lines) == ("j-1", 1, True, 5)
 
 
-def test_logs_of_a_job_without_gpus_are_found_by_asking_launchers(cluster_with_launcher):
-    scheduler, _, address = cluster_with_launcher
-    scheduler.job = a_job()  # finished or pending: no allocation; n1's launcher is down
-    with Client(address, timeout_s=2) as client:
-        assert list(client.logs("j-1", rank=1)) == ["epoch 1", "epoch 2", "done"]
-
-
-def test_logs_errors_from_the_launcher_are_typed(cluster_with_launcher):
-    scheduler, _, address = cluster_with_launcher
-    scheduler.job = a_job(nodes=("n2", "n2"))
+def test_logs_errors_are_typed(scheduler):
+    _, address = scheduler
     with Client(address) as client, pytest.raises(errors.NotFoundError, match="rank 0"):
         list(client.logs("j-1", rank=0))
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from pollux.client import cli
+from pollux.client.config import resolve
 from pollux.client.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -116,9 +118,12 @@ def parse(*argv: str, environ: dict[str, str] | None = None) -> Any:
 # ---- global options --------------------------------------------------------------------------
 
 
-def test_defaults():
+def test_defaults(tmp_path: Path):
     args = parse("ls")
-    assert (args.server, args.output, args.timeout) == ("127.0.0.1:7070", "table", 10.0)
+    assert (args.server, args.context, args.output, args.timeout) == (None, None, "table", 10.0)
+    # With no flag, variable or config file, the client dials the local default in plaintext.
+    context = resolve({"POLLUX_CONFIG": str(tmp_path / "none.toml")})
+    assert (context.server, context.ca_file, context.token) == ("127.0.0.1:7070", None, None)
 
 
 def test_server_comes_from_the_environment():

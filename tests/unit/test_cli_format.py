@@ -167,9 +167,31 @@ def test_counted_keeps_first_appearance_order():
 def test_jobs_table():
     lines = fmt.jobs_table([running_job(), pending_job()], NOW).splitlines()
     assert lines[0].split() == list(fmt.JOB_HEADERS)
-    assert lines[1].split() == ["j-3f9a1c2b", "cifar", "RUNNING", "4", "2", "1", "0", "30m"]
+    assert lines[1].split() == [
+        "j-3f9a1c2b",
+        "cifar",
+        "-",
+        "-",
+        "RUNNING",
+        "4",
+        "2",
+        "1",
+        "0",
+        "30m",
+    ]
     # A pending cancellation is marked with a star.
-    assert lines[2].split() == ["j-0000beef", "bert-large", "PENDING*", "0", "0", "0", "0", "30s"]
+    assert lines[2].split() == [
+        "j-0000beef",
+        "bert-large",
+        "-",
+        "-",
+        "PENDING*",
+        "0",
+        "0",
+        "0",
+        "0",
+        "30s",
+    ]
     column = lines[0].index("STATE")
     assert lines[1][column:].startswith("RUNNING")
     assert lines[2][column:].startswith("PENDING*")

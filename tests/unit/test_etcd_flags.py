@@ -25,6 +25,11 @@ def test_pollux_up_starts_etcd_with_auto_compaction(tmp_path: Path) -> None:
     for argv in started:
         assert "--auto-compaction-mode=periodic" in argv
         assert "--auto-compaction-retention=5m" in argv
+        # Secure by default: TLS for clients and peers, and only clients with our certificates.
+        assert "--client-cert-auth" in argv
+        assert "--peer-client-cert-auth" in argv
+        assert any(a.startswith("--listen-client-urls=https://") for a in argv)
+        assert any(a.startswith("--trusted-ca-file=") for a in argv)
 
 
 def test_the_compose_file_and_the_operator_guide_say_the_same() -> None:

@@ -113,6 +113,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         max_failures=spec.max_failures,
         stop_grace_s=spec.stop_grace_s,
         labels=dict(spec.labels),
+        secret_env=dict(spec.secret_env),
     )
     out.scaling_rule = _RULE_NUMBERS[spec.scaling_rule]  # type: ignore[assignment]
     return out
@@ -135,6 +136,7 @@ def spec_from_proto(message: pb.JobSpec) -> JobSpec:
         max_failures=message.max_failures,
         stop_grace_s=message.stop_grace_s,
         labels=dict(message.labels),
+        secret_env=dict(message.secret_env),
     )
 
 
@@ -168,6 +170,8 @@ def job_to_proto(job: Job) -> pb.Job:
         restarts=job.restarts,
         failures=job.failures,
         attained_gpu_seconds=job.attained_gpu_seconds,
+        owner=job.owner,
+        tenant=job.tenant,
     )
     out.state = state_number(job.state)  # type: ignore[assignment]
     for transition in job.history:
@@ -198,6 +202,8 @@ def job_from_proto(message: pb.Job) -> Job:
         failures=message.failures,
         allocation=allocation_from_proto(message.allocation),
         attained_gpu_seconds=message.attained_gpu_seconds,
+        owner=message.owner,
+        tenant=message.tenant,
     )
 
 

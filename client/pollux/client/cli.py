@@ -16,8 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
+
+from pollux.client import cli_admin
 from pollux.client import format as fmt
-from pollux.client.client import DEFAULT_TARGET, Client
+from pollux.client.client import Client
+from pollux.client.config import DEFAULT_SERVER, ConfigFileError, resolve
 from pollux.client.errors import InvalidArgumentError, PolluxError
 from pollux.client.types import (
     JOB_STATES,
@@ -100,9 +104,16 @@ def _add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], su
 
     parser.add_argument(
         "--server",
-        default=default(environ.get(SERVER_ENV) or DEFAULT_TARGET),
+        default=default(environ.get(SERVER_ENV)),
         metavar="HOST:PORT[,HOST:PORT]",
-        help=f"scheduler replicas to talk to (env {SERVER_ENV}; default {DEFAULT_TARGET})",
+        help=f"scheduler replicas to talk to (env {SERVER_ENV}; else the config file's "
+        f"context; else {DEFAULT_SERVER})",
+    )
+    parser.add_argument(
+        "--context",
+        default=default(None),
+        help="context of ~/.config/pollux/config.toml to use (env POLLUX_CONTEXT; "
+        "default: its current_context)",
     )
     parser.add_argument(
         "-o",
@@ -197,6 +208,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--interval", type=positive_float, default=2.0, metavar="SECONDS", help="default 2"
     )
     top.add_argument("--once", action="store_true", help="print one screen and exit")
+
+    def sub_parsers(parent: argparse.ArgumentParser, **kwargs: Any) -> Any:
+        return parent.add_subparsers(**kwargs)
+
+    cli_admin.add_commands(command, sub_parsers)
     return parser
 
 
@@ -319,6 +335,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
     "explain": _explain,
     "nodes": _nodes,
     "top": _top,
+    **cli_admin.COMMANDS,
 }
 
 
@@ -339,7 +356,22 @@ def error_lines(error: PolluxError) -> list[str]:
 
 
 def _connect(args: argparse.Namespace) -> Client:
-    return Client(args.server, timeout_s=args.timeout)
+    """The client of the resolved context (pollux.client.config): flags, env, config file."""
+    try:
+        context = resolve(os.environ, server=args.server, context=args.context)
+    except ConfigFileError as error:
+        raise ValueError(str(error)) from error
+    credentials = None
+    if context.ca_file is not None:
+        try:
+            credentials = grpc.ssl_channel_credentials(context.ca_file.read_bytes())
+        except OSError as error:
+            raise ValueError(
+                f"cannot read the CA file {context.ca_file}: {error.strerror}"
+            ) from error
+    return Client(
+        context.server, timeout_s=args.timeout, credentials=credentials, token=context.token
+    )
 
 
 def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 import grpc
@@ -26,18 +27,19 @@ import grpc
 from pollux.client import _convert
 from pollux.client.errors import (
     InvalidArgumentError,
-    NotFoundError,
     UnavailableError,
     from_rpc_error,
 )
 from pollux.client.types import JOB_STATES, ClusterStatus, Explanation, Job, JobSpec
+from pollux.v1 import admin_service_pb2 as apb
+from pollux.v1 import admin_service_pb2_grpc, scheduler_service_pb2_grpc
 from pollux.v1 import launcher_service_pb2 as lpb
-from pollux.v1 import launcher_service_pb2_grpc, scheduler_service_pb2_grpc
 from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import types_pb2 as pb
 
 DEFAULT_TARGET = "127.0.0.1:7070"
 SCHEDULER_SERVICE = "pollux.v1.SchedulerService"
-LAUNCHER_SERVICE = "pollux.v1.LauncherService"
+ADMIN_SERVICE = "pollux.v1.AdminService"
 
 # RPCs whose proto comment says "Safe to retry"; WatchJobs only reads. Only these are retried by
 # gRPC and failed over to another target.
@@ -51,9 +53,16 @@ IDEMPOTENT_RPCS: frozenset[str] = frozenset(
         "Explain",
         "ClusterStatus",
         "WatchJobs",
+        "StreamLogs",
+        "WhoAmI",
+        "ListTokens",
+        "ListTenants",
+        "GetUsage",
+        "ListAudit",
     }
 )
-_UNARY_RETRIED = sorted(IDEMPOTENT_RPCS - {"WatchJobs"})
+_ADMIN_READS = {"WhoAmI", "ListTokens", "ListTenants", "GetUsage", "ListAudit"}
+_UNARY_RETRIED = sorted(IDEMPOTENT_RPCS - {"WatchJobs", "StreamLogs"} - _ADMIN_READS)
 
 R = TypeVar("R")
 
@@ -66,7 +75,7 @@ def service_config(max_attempts: int = 3) -> str:
     Backoff is 0.1 s, then doubling; gRPC accepts 2-5 attempts.
     """
     names = [{"service": SCHEDULER_SERVICE, "method": m} for m in _UNARY_RETRIED]
-    names.append({"service": LAUNCHER_SERVICE, "method": "ListReplicas"})
+    names.extend({"service": ADMIN_SERVICE, "method": m} for m in sorted(_ADMIN_READS))
     return json.dumps(
         {
             "methodConfig": [
@@ -113,7 +122,8 @@ class Client:
         timeout_s: Deadline of each unary call, seconds (per target). Streams have none.
         retry_attempts: Attempts per target for a retryable call, 1-5 (1: no gRPC retry).
             With the default 3, a target that stays UNAVAILABLE costs 0.3 s before failover.
-        credentials: TLS channel credentials; None for plaintext. Also used for launchers.
+        credentials: TLS channel credentials; None for plaintext.
+        token: An API token, sent with every call (needs `credentials`: never in plaintext).
 
     Use it as a context manager, or call `close`, to release its channels.
     """
@@ -125,7 +135,17 @@ class Client:
         timeout_s: float = 10.0,
         retry_attempts: int = 3,
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
     ) -> None:
+        if token and credentials is None:
+            raise ValueError(
+                "a token is only sent over TLS: give the CA that signed the scheduler's "
+                "certificate (POLLUX_CA, or ca_file in the context pollux-up wrote)"
+            )
+        if token and credentials is not None:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(token)
+            )
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if not 1 <= retry_attempts <= 5:
@@ -265,15 +285,12 @@ class Client:
         )
         return _convert.cluster_from_proto(response)
 
-    # ---- launcher RPCs -----------------------------------------------------------------------
+    # ---- logs --------------------------------------------------------------------------------
 
     def logs(
         self, job_id: str, rank: int = 0, *, follow: bool = False, tail_lines: int = 0
     ) -> Iterator[str]:
-        """Log lines of one replica, from the launcher of the node that runs (or ran) it.
-
-        The node comes from the job's allocation; for a job that holds no GPUs now (finished,
-        pending again, rescaling) every node's launcher is asked which ran that rank last.
+        """Log lines of one replica, relayed by a scheduler from the node that runs (or ran) it.
 
         Args:
             job_id: The job.
@@ -291,61 +308,75 @@ class Client:
                 None,
                 violations=[("rank" if rank < 0 else "tail_lines", "must be >= 0")],
             )
-        address = self._launcher_address(job_id, rank)
-        channel = self._open(address)
-        try:
-            stub = _launcher_stub(channel)
-            request = lpb.StreamLogsRequest(
-                job_id=job_id, rank=rank, follow=follow, tail_lines=tail_lines
-            )
-            call = stub.StreamLogs(request)
-            try:
-                for response in call:
-                    yield from response.lines
-            except grpc.RpcError as error:
-                raise from_rpc_error(error) from error
-            finally:
-                call.cancel()
-        finally:
-            channel.close()
+        request = lpb.StreamLogsRequest(
+            job_id=job_id, rank=rank, follow=follow, tail_lines=tail_lines
+        )
+        for response in self._stream("StreamLogs", request):
+            yield from response.lines
 
-    def _launcher_address(self, job_id: str, rank: int) -> str:
-        job = self.get_job(job_id)
-        cluster = self.cluster_status()
-        addresses = {node.name: node.address for node in cluster.nodes}
-        if job.allocation is not None and rank < job.allocation.gpus:
-            name = job.allocation.nodes[rank]
-            if name not in addresses:
-                raise UnavailableError(
-                    f"node {name} of rank {rank} of job {job_id} is not registered"
-                )
-            return addresses[name]
-        best: tuple[int, str] | None = None
-        for node in cluster.nodes:
-            for generation in self._replica_generations(node.address, job_id, rank):
-                if best is None or generation > best[0]:
-                    best = (generation, node.address)
-        if best is None:
-            held = job.allocation.gpus if job.allocation else 0
-            raise NotFoundError(
-                f"no replica of rank {rank} of job {job_id} on any node "
-                f"(the job holds {held} GPU{'s' if held != 1 else ''} now)"
-            )
-        return best[1]
+    # ---- administration (admin role; WhoAmI and own usage for anyone) ------------------------
 
-    def _replica_generations(self, address: str, job_id: str, rank: int) -> list[int]:
-        """Generations of replicas `rank` of `job_id` on one launcher; [] if it cannot answer."""
-        channel = self._open(address)
-        try:
-            stub = _launcher_stub(channel)
-            response: lpb.ListReplicasResponse = stub.ListReplicas(
-                lpb.ListReplicasRequest(job_id=job_id), timeout=self.timeout_s
-            )
-        except grpc.RpcError:
-            return []  # a dead node cannot serve the log either; the others may
-        finally:
-            channel.close()
-        return [r.generation for r in response.replicas if r.job_id == job_id and r.rank == rank]
+    def whoami(self) -> apb.WhoAmIResponse:
+        """Who the scheduler takes this client for."""
+        response: apb.WhoAmIResponse = self._unary("WhoAmI", apb.WhoAmIRequest(), admin=True)
+        return response
+
+    def create_token(
+        self,
+        user: str,
+        *,
+        role: str = "user",
+        tenant: str = "",
+        ttl_s: int = 0,
+        description: str = "",
+    ) -> apb.CreateTokenResponse:
+        """Issue a token; its secret is in the response only."""
+        request = apb.CreateTokenRequest(
+            user=user, role=role, tenant=tenant, ttl_s=ttl_s, description=description
+        )
+        response: apb.CreateTokenResponse = self._unary("CreateToken", request, admin=True)
+        return response
+
+    def revoke_token(self, token_id: str) -> None:
+        """Revoke a token (by id or text)."""
+        self._unary("RevokeToken", apb.RevokeTokenRequest(token_id=token_id), admin=True)
+
+    def list_tokens(self, user: str = "") -> list[pb.ApiToken]:
+        """Tokens, without secrets."""
+        return list(self._unary("ListTokens", apb.ListTokensRequest(user=user), admin=True).tokens)
+
+    def put_tenant(
+        self, name: str, *, guarantee_gpus: int = 0, weight: float = 1.0, cap_gpus: int = 0
+    ) -> pb.Tenant:
+        """Create or replace a tenant."""
+        tenant = pb.Tenant(
+            name=name, guarantee_gpus=guarantee_gpus, weight=weight, cap_gpus=cap_gpus
+        )
+        stored: pb.Tenant = self._unary(
+            "PutTenant", apb.PutTenantRequest(tenant=tenant), admin=True
+        ).tenant
+        return stored
+
+    def delete_tenant(self, name: str) -> None:
+        """Remove a tenant."""
+        self._unary("DeleteTenant", apb.DeleteTenantRequest(name=name), admin=True)
+
+    def list_tenants(self) -> list[pb.Tenant]:
+        """Every tenant."""
+        return list(self._unary("ListTenants", apb.ListTenantsRequest(), admin=True).tenants)
+
+    def usage(
+        self, *, tenant: str = "", user: str = "", since: datetime | None = None
+    ) -> list[pb.UsageRecord]:
+        """GPU-seconds and goodput-seconds per (tenant, user) since a day."""
+        request = apb.GetUsageRequest(tenant=tenant, user=user)
+        if since is not None:
+            request.since.FromDatetime(since)
+        return list(self._unary("GetUsage", request, admin=True).usage)
+
+    def audit(self, limit: int = 100) -> list[pb.AuditRecord]:
+        """The newest audit records, newest first."""
+        return list(self._unary("ListAudit", apb.ListAuditRequest(limit=limit), admin=True).records)
 
     # ---- transport ---------------------------------------------------------------------------
 
@@ -357,27 +388,29 @@ class Client:
             return grpc.secure_channel(target, self._credentials, options=options)
         return grpc.insecure_channel(target, options=options)
 
-    def _stub(self, target: str) -> Any:
+    def _stub(self, target: str, admin: bool = False) -> Any:
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = self._open(target)
-        return _scheduler_stub(channel)
+        return _admin_stub(channel) if admin else _scheduler_stub(channel)
 
     def _order(self) -> list[str]:
         """Targets to try: the one that answered last, then the others in the given order."""
         return [self._current, *(t for t in self.targets if t != self._current)]
 
-    def _unary(self, method: str, request: Any) -> Any:
+    def _unary(self, method: str, request: Any, *, admin: bool = False) -> Any:
         return self._failover(
-            method, lambda stub: getattr(stub, method)(request, timeout=self.timeout_s)
+            method,
+            lambda stub: getattr(stub, method)(request, timeout=self.timeout_s),
+            admin=admin,
         )
 
-    def _failover(self, method: str, call: Callable[[Any], R]) -> R:
+    def _failover(self, method: str, call: Callable[[Any], R], *, admin: bool = False) -> R:
         """Run `call` against each target in turn while the answer is UNAVAILABLE."""
         attempts = _Attempts(self._order())
         for target in attempts:
             try:
-                result = call(self._stub(target))
+                result = call(self._stub(target, admin))
             except grpc.RpcError as error:
                 failure = from_rpc_error(error)
                 if not isinstance(failure, UnavailableError) or method not in IDEMPOTENT_RPCS:
@@ -451,8 +484,8 @@ def _scheduler_stub(channel: grpc.Channel) -> Any:
     return scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
 
 
-def _launcher_stub(channel: grpc.Channel) -> Any:
-    return launcher_service_pb2_grpc.LauncherServiceStub(channel)
+def _admin_stub(channel: grpc.Channel) -> Any:
+    return admin_service_pb2_grpc.AdminServiceStub(channel)
 
 
 def _state_numbers(states: Sequence[str]) -> list[int]:

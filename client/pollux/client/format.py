@@ -143,7 +143,18 @@ def batch_limits(spec: JobSpec) -> str:
 
 # ---- jobs ------------------------------------------------------------------------------------
 
-JOB_HEADERS = ("ID", "NAME", "STATE", "GPUS", "NODES", "RESTARTS", "FAILURES", "AGE")
+JOB_HEADERS = (
+    "ID",
+    "NAME",
+    "OWNER",
+    "TENANT",
+    "STATE",
+    "GPUS",
+    "NODES",
+    "RESTARTS",
+    "FAILURES",
+    "AGE",
+)
 
 
 def job_row(job: Job, now: datetime) -> list[object]:
@@ -153,6 +164,8 @@ def job_row(job: Job, now: datetime) -> list[object]:
     return [
         job.id,
         job.spec.name,
+        job.owner or NONE,
+        job.tenant or NONE,
         state,
         job.gpus,
         nodes,
@@ -173,6 +186,7 @@ def job_details(job: Job, now: datetime) -> str:
     head = [
         ("Job", job.id),
         ("Name", spec.name),
+        ("Owner", f"{job.owner or NONE} (tenant {job.tenant or 'default'})"),
         ("State", job.state + (" (cancel requested)" if job.cancel_requested else "")),
         ("Created", f"{timestamp(job.create_time)} ({age(job.create_time, now)} ago)"),
         ("Finished", timestamp(job.finish_time)),
@@ -188,6 +202,7 @@ def job_details(job: Job, now: datetime) -> str:
         ("Max replicas", spec.max_replicas or "no limit"),
         ("Stop grace", _default(spec.stop_grace_s, "30 s")),
         ("Env", _pairs(spec.env)),
+        ("Secret env", ", ".join(sorted(spec.secret_env)) or NONE),
         ("Labels", _pairs(spec.labels)),
     ]
     history = table(

@@ -83,6 +83,9 @@ class JobSpec:
     """Seconds between SIGTERM and SIGKILL when replicas stop; 0 means 30."""
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Free-form labels, shown by the CLI and usable as list filters."""
+    secret_env: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
+    """Environment whose values are secret: given to every replica, never shown by the API
+    (a job read back shows "<secret>")."""
 
     def __post_init__(self) -> None:
         # Accept any sequence and mapping, but store our own immutable-by-convention copies so
@@ -90,6 +93,7 @@ class JobSpec:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "labels", dict(self.labels))
+        object.__setattr__(self, "secret_env", dict(self.secret_env))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -171,6 +175,10 @@ class Job:
     """Current GPUs, or None when the job holds none."""
     attained_gpu_seconds: float = 0.0
     """GPU-seconds held up to `allocation.time` (what Tiresias prioritises by)."""
+    owner: str = ""
+    """Who submitted it ("local" on a cluster without authentication)."""
+    tenant: str = ""
+    """The owner's tenant at submission ("" is the default tenant)."""
 
     @property
     def gpus(self) -> int:
@@ -402,7 +410,7 @@ def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
             values[key] = _count(key, value, problems)
     if (rule := data.get("scaling_rule")) is not None:
         values["scaling_rule"] = _scaling_rule(rule, problems)
-    for key in ("env", "labels"):
+    for key in ("env", "labels", "secret_env"):
         if (mapping := data.get(key)) is not None:
             values[key] = _string_map(key, mapping, problems)
     if problems:

@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
@@ -32,6 +32,8 @@ class AgentConfig:
     """Where the cluster state lives."""
     server: ServerConfig = field(default_factory=ServerConfig)
     """The agent's gRPC and metrics endpoints."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """TLS and authentication of its ports and of its etcd connection."""
     agent_id: str = field(default_factory=default_agent_id)
     """Unique id of this agent (its etcd registration key); ``hostname-pid`` by default."""
     lease_ttl_s: int = 10

@@ -17,7 +17,9 @@ from pollux.agent.agent import Agent
 from pollux.agent.config import AgentConfig
 from pollux.agent.servicer import SERVICE_NAME, AgentServicer
 from pollux.service.app import ServiceApp, Servicer
+from pollux.service.auth import Authenticator
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.job_credentials import JobKeyring
 from pollux.service.server import ServiceHost
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
@@ -39,7 +41,15 @@ class AgentApp(ServiceApp):
         servicer = Servicer(
             api_grpc.add_AgentServiceServicer_to_server, AgentServicer(self.agent), SERVICE_NAME
         )
-        host = ServiceHost.for_config("agent", config.server)
+        # Replicas have no certificates: they prove their job with a job credential.
+        keyring = JobKeyring(store)
+        host = ServiceHost.for_config(
+            "agent",
+            config.server,
+            tls=store.tls,
+            authenticator=Authenticator(job_key=keyring.key),
+            insecure=config.tls.insecure,
+        )
         super().__init__(host, config.server, self.agent, [servicer], agent_id=config.agent_id)
 
 

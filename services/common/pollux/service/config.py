@@ -233,3 +233,36 @@ class ServerConfig:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             out.append(f"log_level: {self.log_level!r} is not debug, info, warning or error")
         return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Transport security and authentication of the service's ports and its etcd connection.
+
+    With the three files set, every port speaks TLS and authenticates its callers, and etcd
+    is dialled with the certificate as the client identity. Without them a service only
+    listens on loopback; `insecure` lets it listen elsewhere in plaintext with no
+    authentication, and it says so in a warning on every start.
+    """
+
+    ca_file: Path | None = None
+    """PEM bundle of the CA that signs the cluster's certificates (peers are checked against it)."""
+    cert_file: Path | None = None
+    """This service's certificate (PEM); re-read when it changes."""
+    key_file: Path | None = None
+    """Its private key (PEM)."""
+    insecure: bool = False
+    """Allow plaintext, unauthenticated ports on non-loopback addresses (never in production)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether TLS and authentication are on."""
+        return bool(self.ca_file and self.cert_file and self.key_file)
+
+    def problems(self) -> list[str]:
+        """Every invalid value, as "field: problem"."""
+        named = [f for f in ("ca_file", "cert_file", "key_file") if getattr(self, f)]
+        if named and len(named) < 3:
+            missing = sorted({"ca_file", "cert_file", "key_file"} - set(named))
+            return [f"{', '.join(missing)}: needed too once {', '.join(named)} is set"]
+        return []

@@ -11,7 +11,7 @@ from pollux.client import Client, JobSpec, PolluxError
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
+def follow_demo(client: Client, job_file: Path, *, poll_s: float = 1.0) -> int:
     """Submit `job_file`, print every state, allocation and batch change until it ends.
 
     While the job runs, the newest line of rank 0's log (the training script's own progress
@@ -21,35 +21,34 @@ def follow_demo(servers: str, job_file: Path, *, poll_s: float = 1.0) -> int:
         0 if the job succeeded, 1 otherwise.
     """
     spec = JobSpec.from_file(job_file)
-    with Client(servers.split(",")) as client:
-        job = client.submit(spec)
-        print(f"submitted {job.id} ({spec.name}); follow with: pollux-cli describe {job.id}")
-        last = last_progress = ""
-        started = time.monotonic()
-        while True:
-            job = client.get_job(job.id)
-            explanation = client.explain(job.id)
-            gpus = len(job.allocation.nodes) if job.allocation else 0
-            batch = explanation.batch
-            batch_text = (
-                f"batch {batch.total_batch_size} ({batch.local_batch_size}×{batch.accum_steps})"
-                if batch is not None
-                else "batch -"
-            )
-            line = f"{job.state:<10} {gpus} GPU(s)  {batch_text}  restarts {job.restarts}"
-            if line != last:
-                print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
-                last = line
-            if job.state == "RUNNING":
-                progress = _last_log_line(client, job.id)
-                if progress and progress != last_progress:
-                    print(f"[{time.monotonic() - started:6.1f}s]   {progress}", flush=True)
-                    last_progress = progress
-            if job.state in TERMINAL:
-                for t in job.history:
-                    print(f"  {t.state:<10} {t.reason}")
-                return 0 if job.state == "SUCCEEDED" else 1
-            time.sleep(poll_s)
+    job = client.submit(spec)
+    print(f"submitted {job.id} ({spec.name}); follow with: pollux-cli describe {job.id}")
+    last = last_progress = ""
+    started = time.monotonic()
+    while True:
+        job = client.get_job(job.id)
+        explanation = client.explain(job.id)
+        gpus = len(job.allocation.nodes) if job.allocation else 0
+        batch = explanation.batch
+        batch_text = (
+            f"batch {batch.total_batch_size} ({batch.local_batch_size}×{batch.accum_steps})"
+            if batch is not None
+            else "batch -"
+        )
+        line = f"{job.state:<10} {gpus} GPU(s)  {batch_text}  restarts {job.restarts}"
+        if line != last:
+            print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+            last = line
+        if job.state == "RUNNING":
+            progress = _last_log_line(client, job.id)
+            if progress and progress != last_progress:
+                print(f"[{time.monotonic() - started:6.1f}s]   {progress}", flush=True)
+                last_progress = progress
+        if job.state in TERMINAL:
+            for t in job.history:
+                print(f"  {t.state:<10} {t.reason}")
+            return 0 if job.state == "SUCCEEDED" else 1
+        time.sleep(poll_s)
 
 
 def _last_log_line(client: Client, job_id: str) -> str:
@@ -62,4 +61,5 @@ def _last_log_line(client: Client, job_id: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(follow_demo(sys.argv[1], Path(sys.argv[2])))
+    with Client(sys.argv[1].split(",")) as main_client:
+        sys.exit(follow_demo(main_client, Path(sys.argv[2])))

@@ -31,9 +31,10 @@ import structlog
 
 from pollux.service import logging as service_logging
 from pollux.service.app import ServiceApp
-from pollux.service.config import ConfigError, EtcdConfig, ServerConfig, load
+from pollux.service.config import ConfigError, EtcdConfig, ServerConfig, TlsConfig, load
 from pollux.service.server import wait_for_signal
-from pollux.service.store import Store, StoreError
+from pollux.service.store import Store, StoreError, cancel_and_wait
+from pollux.service.tls import TlsError, TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +51,10 @@ class ServiceConfig(Protocol):
     @property
     def server(self) -> ServerConfig:
         """The service's own endpoints and logging."""
+
+    @property
+    def tls(self) -> TlsConfig:
+        """Its certificates (ports and etcd)."""
 
 
 C = TypeVar("C", bound=ServiceConfig)
@@ -71,6 +76,8 @@ class Flag:
     path: str
     help: str
     type: Callable[[str], Any] = str
+    switch: bool = False
+    """Takes no argument: present sets the field to true."""
 
 
 COMMON_FLAGS = (
@@ -80,6 +87,15 @@ COMMON_FLAGS = (
     Flag("--advertise", "server.advertise", "address other processes dial, host:port"),
     Flag("--metrics-listen", "server.metrics_listen", "Prometheus endpoint host:port"),
     Flag("--log-level", "server.log_level", "debug, info, warning or error"),
+    Flag("--tls-ca", "tls.ca_file", "PEM bundle of the cluster CA", Path),
+    Flag("--tls-cert", "tls.cert_file", "this service's certificate (PEM)", Path),
+    Flag("--tls-key", "tls.key_file", "this service's private key (PEM)", Path),
+    Flag(
+        "--insecure",
+        "tls.insecure",
+        "serve plaintext without authentication on a non-loopback address",
+        switch=True,
+    ),
 )
 """Flags every service takes; a service adds its own in `ServiceSpec.flags`."""
 
@@ -125,7 +141,12 @@ def build_parser(spec: ServiceSpec[Any, Any]) -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     for flag in (*COMMON_FLAGS, *spec.flags):
-        parser.add_argument(flag.flag, type=flag.type, help=f"{flag.help} ({flag.path})")
+        if flag.switch:  # None when absent, so a file's setting stands
+            parser.add_argument(
+                flag.flag, action="store_const", const=True, help=f"{flag.help} ({flag.path})"
+            )
+        else:
+            parser.add_argument(flag.flag, type=flag.type, help=f"{flag.help} ({flag.path})")
     return parser
 
 
@@ -166,12 +187,26 @@ async def serve(spec: ServiceSpec[C, P], config: C, prepared: P) -> int:
     await asyncio.sleep(0)
     etcd = config.etcd
     try:
-        store = await Store.connect(etcd.endpoint, etcd.root, timeout_s=etcd.timeout_s)
+        tls = TlsFiles.of(config.tls)
+    except TlsError as error:
+        log.error("invalid_configuration", problems=[f"tls: {error}"])
+        signalled.cancel()
+        return EXIT_BAD_CONFIG
+    try:
+        store = await Store.connect(etcd.endpoint, etcd.root, timeout_s=etcd.timeout_s, tls=tls)
     except StoreError as error:
         log.error("etcd_unreachable", endpoint=etcd.endpoint, error=str(error))
         signalled.cancel()
         return EXIT_FAILED
-    app = spec.app(config, prepared, store)
+    try:
+        app = spec.app(config, prepared, store)
+    except ConfigError as error:
+        log.error("invalid_configuration", problems=error.problems)
+        print(f"{spec.prog}: {error}", file=sys.stderr)
+        signalled.cancel()
+        await store.close()
+        return EXIT_BAD_CONFIG
+    reload = asyncio.create_task(_reload_tls(store), name="tls-reload")
     status = EXIT_OK
     try:
         await app.start()
@@ -185,6 +220,20 @@ async def serve(spec: ServiceSpec[C, P], config: C, prepared: P) -> int:
         status = EXIT_FAILED
     finally:
         signalled.cancel()
+        await cancel_and_wait(reload)
         await app.stop()
         await store.close()
     return status
+
+
+TLS_RELOAD_INTERVAL_S = 30.0
+"""How often the etcd connection checks its certificate files (ports check per handshake)."""
+
+
+async def _reload_tls(store: Store) -> None:
+    while store.tls is not None:
+        await asyncio.sleep(TLS_RELOAD_INTERVAL_S)
+        try:
+            await store.reload_tls()
+        except StoreError as error:
+            log.warning("etcd_redial_failed", error=str(error))

@@ -93,6 +93,18 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unauthenticated(ServiceError):
+    """The caller presented no credential, or one that is wrong, revoked or expired."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServiceError):
+    """The caller is known but may not do this."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Violations:
     """Collects every problem of a request before any is reported."""
 

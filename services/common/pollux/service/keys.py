@@ -37,6 +37,16 @@ class Kind(StrEnum):
     """Replica statuses, by job and rank, written by launchers."""
     DECISIONS = "decisions"
     """Decision records of scheduling rounds (bounded history)."""
+    TOKENS = "tokens"
+    """People's API tokens (secret digests only), by token id; expired ones are removed."""
+    TENANTS = "tenants"
+    """Tenants (teams) with their GPU guarantee, weight and cap."""
+    USAGE = "usage"
+    """Per-day usage by tenant and user; outlives jobs, kept for the usage retention."""
+    AUDIT = "audit"
+    """Audit records of mutations, by time (bounded count and age)."""
+    SECRETS = "secrets"
+    """Cluster secrets: the key job credentials are made with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +109,30 @@ class Keys:
     def decision(self, round_number: int) -> bytes:
         """A round's decision record (zero-padded so keys sort by round)."""
         return self._key(Kind.DECISIONS, f"{round_number:020d}")
+
+    def token(self, token_id: str) -> bytes:
+        """An API token record."""
+        return self._key(Kind.TOKENS, token_id)
+
+    def tenant(self, name: str) -> bytes:
+        """A tenant."""
+        return self._key(Kind.TENANTS, name)
+
+    def usage(self, day: str, tenant: str, user: str) -> bytes:
+        """One day's usage of a user of a tenant (day first: old days are one range)."""
+        return self._key(Kind.USAGE, day, tenant or "-", user)
+
+    def usage_day(self, day: str) -> bytes:
+        """Prefix of one day's usage records."""
+        return self._key(Kind.USAGE, day, "")
+
+    def audit(self, time_ns: int, nonce: str) -> bytes:
+        """An audit record (zero-padded time first, so keys sort by time)."""
+        return self._key(Kind.AUDIT, f"{time_ns:020d}-{nonce}")
+
+    def job_credential_key(self) -> bytes:
+        """The secret job credentials are derived from."""
+        return self._key(Kind.SECRETS, "job-credential-key")
 
     def name_of(self, key: bytes, kind: Kind) -> str:
         """The id part of a key of a kind: ``name_of(job("j-1"), Kind.JOBS)`` → ``"j-1"``."""

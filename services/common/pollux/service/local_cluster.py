@@ -6,12 +6,19 @@ NodeLaunchers with CPU "GPU slots", each a separate process on loopback ports, t
 Ctrl-C stops everything. The end-to-end tests and the control-plane benchmark use the same
 `LocalCluster` class.
 
+Secure by default: it makes a CA in the work dir (`pki/`), a certificate for etcd and for each
+service, and an admin token; etcd demands client certificates, every port speaks TLS and
+authenticates, and `pollux-up` writes a `pollux-cli` context (~/.config/pollux/config.toml)
+so the CLI works against it with no flags. `--insecure` starts it all in plaintext instead.
+
     pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--demo] [--workdir DIR]
+              [--insecure]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import shutil
@@ -25,9 +32,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
+from pollux.client import Client
+from pollux.client.config import Context, config_path, write_context
+from pollux.service import pki
+from pollux.service.bootstrap import create_token
 from pollux.service.demo import follow_demo
+from pollux.service.store import Store
+from pollux.service.tls import TlsFiles
 
 ETCD_HEALTH_FLAGS = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=5m")
+
+
+def etcd_tls_flags(ca: Path, identity: pki.Issued) -> list[str]:
+    """Etcd serving and peering over TLS, and only to clients with a certificate of our CA."""
+    return [
+        f"--cert-file={identity.cert}",
+        f"--key-file={identity.key}",
+        "--client-cert-auth",
+        f"--trusted-ca-file={ca}",
+        f"--peer-cert-file={identity.cert}",
+        f"--peer-key-file={identity.key}",
+        "--peer-client-cert-auth",
+        f"--peer-trusted-ca-file={ca}",
+    ]
+
+
 """Every etcd Pollux starts compacts its history itself (deploy/README.md says the same)."""
 
 
@@ -84,6 +115,8 @@ class LocalCluster:
         etcd_members: etcd cluster members (3 tolerates the loss of one).
         registration_ttl_s: Lease TTL of agent and launcher registrations; None keeps the
             services' default (10 s). The fault suite shortens it.
+        secure: TLS and authentication everywhere (a CA, certificates and an admin token
+            made in `workdir/pki`); False runs plaintext, as a loopback-only dev setup.
     """
 
     workdir: Path
@@ -96,6 +129,9 @@ class LocalCluster:
     restart_delay_s: float = 3.0
     etcd_members: int = 1
     registration_ttl_s: int | None = None
+    secure: bool = True
+    admin_token: str | None = None
+    """The admin's API token (secure clusters, once started)."""
     etcd: Proc | None = None
     """The first etcd member."""
     etcd_procs: list[Proc] = field(default_factory=list)
@@ -118,12 +154,80 @@ class LocalCluster:
             if name.startswith("scheduler") and p.process.poll() is None
         ]
 
+    @property
+    def pki_dir(self) -> Path:
+        """Where the CA, certificates and keys of a secure cluster are."""
+        return self.workdir / "pki"
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate clients check the schedulers against (None: plaintext)."""
+        return self.pki_dir / "ca.pem" if self.secure else None
+
+    def _identity(self, name: str) -> pki.Issued:
+        """The certificate of a service process (made on first use, valid on loopback)."""
+        issued = pki.Issued(self.pki_dir / f"{name}.pem", self.pki_dir / f"{name}-key.pem")
+        if not issued.cert.exists():
+            ca = pki.Issued(self.pki_dir / "ca.pem", self.pki_dir / "ca-key.pem")
+            if not ca.cert.exists():
+                ca = pki.create_ca(self.pki_dir, "pollux-up local CA")
+            hosts = ("127.0.0.1", "localhost", socket.gethostname())
+            issued = pki.issue(ca, self.pki_dir, name, "service", hosts=hosts)
+        return issued
+
+    def _tls_flags(self, name: str) -> list[str]:
+        if not self.secure:
+            return []
+        issued = self._identity(name)
+        return [
+            *("--tls-ca", str(self.pki_dir / "ca.pem")),
+            *("--tls-cert", str(issued.cert), "--tls-key", str(issued.key)),
+        ]
+
+    def client(self, *, timeout_s: float = 10.0, token: str | None = None) -> Client:
+        """A client of the live schedulers, as the admin (or with `token`)."""
+        credentials = None
+        if self.ca_file is not None:
+            credentials = grpc.ssl_channel_credentials(self.ca_file.read_bytes())
+        return Client(
+            self.scheduler_addresses,
+            timeout_s=timeout_s,
+            credentials=credentials,
+            token=token or self.admin_token if self.secure else None,
+        )
+
+    def service_channel(self, address: str) -> grpc.Channel:
+        """A channel to a service port, holding an operator's service certificate.
+
+        Launchers take no other callers. Plaintext on an insecure cluster.
+        """
+        if not self.secure:
+            return grpc.insecure_channel(address)
+        identity = self._identity("operator")
+        credentials = grpc.ssl_channel_credentials(
+            (self.pki_dir / "ca.pem").read_bytes(),
+            identity.key.read_bytes(),
+            identity.cert.read_bytes(),
+        )
+        return grpc.secure_channel(address, credentials)
+
+    async def _bootstrap_admin(self) -> str:
+        identity = self._identity("pollux-up")
+        tls = TlsFiles(self.pki_dir / "ca.pem", identity.cert, identity.key)
+        store = await Store.connect(self.etcd_endpoint, tls=tls)
+        try:
+            return await create_token(store, "admin", description="pollux-up")
+        finally:
+            await store.close()
+
     def start(self) -> LocalCluster:
         """Start every process and wait until each listens."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             self._start_etcd()
+            if self.secure:
+                self.admin_token = asyncio.run(self._bootstrap_admin())
             for i in range(self.schedulers):
                 self.start_scheduler(f"scheduler-{i}")
             for i in range(self.agents):
@@ -189,8 +293,9 @@ class LocalCluster:
         etcd = shutil.which("etcd")
         if etcd is None:
             raise RuntimeError("etcd is not installed: apt-get install etcd-server")
+        scheme = "https" if self.secure else "http"
         peers = ",".join(
-            f"pollux-local-{i}=http://127.0.0.1:{peer}"
+            f"pollux-local-{i}={scheme}://127.0.0.1:{peer}"
             for i, (_, peer) in enumerate(self._etcd_ports)
         )
         client, peer = self._etcd_ports[index]
@@ -199,22 +304,24 @@ class LocalCluster:
             etcd,
             f"--name=pollux-local-{index}",
             f"--data-dir={self.workdir / name}",
-            f"--listen-client-urls=http://127.0.0.1:{client}",
-            f"--advertise-client-urls=http://127.0.0.1:{client}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--listen-client-urls={scheme}://127.0.0.1:{client}",
+            f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
+            f"--listen-peer-urls={scheme}://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls={scheme}://127.0.0.1:{peer}",
             f"--initial-cluster={peers}",
             "--max-txn-ops=1024",
             *ETCD_HEALTH_FLAGS,
             "--log-level=error",
         ]
+        if self.secure:
+            argv += etcd_tls_flags(self.pki_dir / "ca.pem", self._identity(name))
         return self._spawn(name, argv, client, wait=False)
 
     def _start_service(self, name: str, module: str, *flags: str) -> Proc:
         """Start `python -m module` on a free loopback port with the common flags."""
         port = free_port()
         command = [sys.executable, "-m", module, "--etcd", self.etcd_endpoint]
-        command += ["--listen", f"127.0.0.1:{port}", *flags]
+        command += ["--listen", f"127.0.0.1:{port}", *self._tls_flags(name), *flags]
         env = {}
         if self.registration_ttl_s is not None:
             ttl = str(self.registration_ttl_s)
@@ -313,6 +420,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="JOB_FILE",
         help="submit a job file (default: the sample elastic job) and follow it",
     )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS, no authentication (loopback only; for debugging)",
+    )
+    parser.add_argument(
+        "--context",
+        default="local",
+        help="name of the pollux-cli context written for this cluster (default local)",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-up-"))
     cluster = LocalCluster(
@@ -322,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedulers=args.schedulers,
         agents=args.agents,
         interval_s=args.interval,
+        secure=not args.insecure,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"starting a local cluster in {workdir} ...", flush=True)
@@ -332,10 +450,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     servers = ",".join(cluster.scheduler_addresses)
     print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {workdir / 'logs'}")
-    print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
+    if cluster.secure:
+        path = config_path(os.environ)
+        context = Context(server=servers, ca_file=cluster.ca_file, token=cluster.admin_token)
+        write_context(path, args.context, context)
+        print(f"TLS and tokens on; pollux-cli context {args.context!r} (admin) written to {path}")
+        print("use it with:  pollux-cli ls", flush=True)
+    else:
+        print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
     try:
         if args.demo:
-            return follow_demo(servers, Path(args.demo))
+            with cluster.client() as client:
+                return follow_demo(client, Path(args.demo))
         print("Ctrl-C stops it", flush=True)
         while True:
             time.sleep(3600)

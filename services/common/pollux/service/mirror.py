@@ -58,6 +58,7 @@ class JobSummary:
     state: int
     name: str
     labels: tuple[tuple[str, str], ...]
+    owner: str = ""
 
     @classmethod
     def of(cls, job: pb.Job) -> JobSummary:
@@ -67,10 +68,15 @@ class JobSummary:
             int(job.state),
             job.spec.name,
             tuple(sorted(job.spec.labels.items())),
+            job.owner,
         )
 
-    def matches(self, states: set[int], name_prefix: str, labels: dict[str, str]) -> bool:
-        """Whether ListJobs' filters select this job."""
+    def matches(
+        self, states: set[int], name_prefix: str, labels: dict[str, str], owner: str | None = None
+    ) -> bool:
+        """Whether ListJobs' filters select this job (`owner` None: anyone's)."""
+        if owner is not None and self.owner != owner:
+            return False
         if states and self.state not in states:
             return False
         if not self.name.startswith(name_prefix):
@@ -272,6 +278,7 @@ class ClusterMirror:
         labels: dict[str, str],
         after: tuple[int, str] | None,
         limit: int,
+        owner: str | None = None,
     ) -> tuple[list[bytes], bool]:
         """The next `limit` matching jobs' keys in creation order, and whether more match.
 
@@ -280,7 +287,7 @@ class ClusterMirror:
         start = 0 if after is None else bisect.bisect_right(self._order, (after, b"\xff"))
         keys: list[bytes] = []
         for _, key in itertools.islice(self._order, start, None):
-            if self.summaries[key].matches(states, name_prefix, labels):
+            if self.summaries[key].matches(states, name_prefix, labels, owner):
                 if len(keys) == limit:
                     return keys, True
                 keys.append(key)

@@ -32,6 +32,8 @@ import grpc
 import prometheus_client
 import structlog
 
+from pollux.service import auth
+from pollux.service.audit import AuditLog
 from pollux.service.errors import InvalidArgument, abort, status_of
 
 log = structlog.get_logger(__name__)
@@ -44,7 +46,16 @@ RPC_SECONDS = prometheus_client.Histogram(
 )
 
 CALLER_CODES = frozenset(
-    {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION", "CANCELLED"}
+    {
+        "OK",
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "FAILED_PRECONDITION",
+        "CANCELLED",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+    }
 )
 """Outcomes the caller caused: logged at info. Anything else is the service's problem."""
 
@@ -96,10 +107,27 @@ def _ids(request: Any) -> dict[str, str]:
     return ids
 
 
+def _target(request: Any) -> str:
+    """What an audited call acts on, as its request names it."""
+    for name in ("job_id", "token_id", "user", "name"):
+        value = getattr(request, name, None)
+        if isinstance(value, str) and value:
+            return value[:MAX_ID_CHARS]
+    tenant = getattr(request, "tenant", None)
+    return str(getattr(tenant, "name", ""))[:MAX_ID_CHARS]
+
+
 class _Call:
     """The bookkeeping of one observed call."""
 
-    def __init__(self, service: str, method: str, request: Any) -> None:
+    def __init__(
+        self,
+        service: str,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        audit: AuditLog | None,
+    ) -> None:
         self.service = service
         self.method = method
         self.ids = _ids(request)
@@ -107,6 +135,16 @@ class _Call:
         self.code = "OK"
         self.finished = False
         self.started = time.perf_counter()
+        self.principal = auth.ANONYMOUS
+        self.audit = audit if audit is not None and method in audit.actions else None
+        self.target = _target(request) if self.audit is not None else ""
+        self.peer = str(context.peer() or "") if self.audit is not None else ""
+
+    def answered(self, response: Any) -> None:
+        """Note what a successful call created (a submitted job's id) for the audit."""
+        job_id = getattr(getattr(response, "job", None), "id", None)
+        if self.audit is not None and not self.target and isinstance(job_id, str):
+            self.target = job_id
 
     async def fail(self, context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
         """Record the outcome of an exception and end the call with its status."""
@@ -137,6 +175,16 @@ class _Call:
         self.finished = True
         seconds = time.perf_counter() - self.started
         RPC_SECONDS.labels(self.service, self.method, self.code).observe(seconds)
+        if self.audit is not None:
+            self.audit.record(
+                principal=self.principal.name,
+                role=self.principal.role,
+                action=self.method,
+                target=self.target,
+                peer=self.peer,
+                outcome=self.code,
+                detail=str(self.line.get("error", "")),
+            )
         emit = log.info if self.code in CALLER_CODES else log.warning
         emit(
             "rpc",
@@ -147,8 +195,28 @@ class _Call:
         )
 
 
+Authenticate = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[auth.Principal]]
+
+
+async def _nobody(context: grpc.aio.ServicerContext[Any, Any]) -> auth.Principal:
+    return auth.LOCAL
+
+
 class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Observes every call of the `pollux.*` services of one process (see the module doc)."""
+    """Observes every call of the `pollux.*` services of one process (see the module doc).
+
+    Args:
+        authenticator: Proves each caller before its handler runs (`pollux.service.auth`);
+            None on a service without TLS, whose every caller is `auth.LOCAL`.
+    """
+
+    def __init__(
+        self, authenticator: auth.Authenticator | None = None, audit: AuditLog | None = None
+    ) -> None:
+        self._authenticate: Authenticate = (
+            authenticator.authenticate if authenticator is not None else _nobody
+        )
+        self._audit = audit
 
     async def intercept_service(
         self,
@@ -164,54 +232,88 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         short = service.rpartition(".")[2]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(short, method, handler.unary_unary),
+                _unary(short, method, handler.unary_unary, self._authenticate, self._audit),
                 request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _stream(short, method, handler.unary_stream),
+                _stream(short, method, handler.unary_stream, self._authenticate, self._audit),
                 request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
 
 
+async def _admit(
+    call: _Call,
+    request: Any,
+    context: grpc.aio.ServicerContext[Any, Any],
+    authenticate: Authenticate,
+) -> Any:
+    """Authenticate the caller, then check the request decoded; returns the `auth.bind` token.
+
+    Authentication comes first, so nothing about the request is said to an unknown caller.
+    """
+    principal = await authenticate(context)
+    call.principal = principal
+    auth.require_own_job(principal, getattr(request, "job_id", "") or "", call.method)
+    if principal is not auth.LOCAL:
+        call.line["principal"] = principal.name
+    bound = auth.bind(principal)
+    _check_decoded(request)
+    return bound
+
+
 def _unary(
-    service: str, method: str, inner: Callable[..., Awaitable[Any]]
+    service: str,
+    method: str,
+    inner: Callable[..., Awaitable[Any]],
+    authenticate: Authenticate,
+    audit: AuditLog | None,
 ) -> Callable[..., Awaitable[Any]]:
     async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        call = _Call(service, method, request)
+        call = _Call(service, method, request, context, audit)
         token = _line.set(call.line)
+        bound = None
         try:
             with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
                 try:
-                    _check_decoded(request)
-                    return await inner(request, context)
+                    bound = await _admit(call, request, context, authenticate)
+                    response = await inner(request, context)
+                    call.answered(response)
+                    return response
                 except BaseException as error:
                     await call.fail(context, error)
                     raise
                 finally:
                     call.finish()
         finally:
+            if bound is not None:
+                auth.unbind(bound)
             _line.reset(token)
 
     return observed
 
 
 def _stream(
-    service: str, method: str, inner: Callable[..., Any]
+    service: str,
+    method: str,
+    inner: Callable[..., Any],
+    authenticate: Authenticate,
+    audit: AuditLog | None,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def observed(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        call = _Call(service, method, request)
+        call = _Call(service, method, request, context, audit)
         token = _line.set(call.line)
         sent = 0
+        bound = None
         try:
             with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
                 try:
-                    _check_decoded(request)
+                    bound = await _admit(call, request, context, authenticate)
                     if inspect.isasyncgenfunction(inner):
                         async for item in inner(request, context):
                             sent += 1
@@ -227,6 +329,8 @@ def _stream(
                     call.finish()
         finally:
             # A stream's body may resume in another context than the one it started in.
+            if bound is not None:
+                auth.unbind(bound)
             with contextlib.suppress(ValueError):
                 _line.reset(token)
 

@@ -1,9 +1,13 @@
 """A gRPC aio server with what every Pollux service ships.
 
-The RPC observer (pollux.service.rpc: status mapping, one log line and one latency observation
-per call), health (grpcio-health-checking, per-service status), server reflection, a Prometheus
-metrics endpoint, and graceful shutdown: on SIGTERM/SIGINT the health status turns NOT_SERVING,
-new RPCs are refused and in-flight ones get `grace_s` to finish.
+The RPC observer (pollux.service.rpc: authentication, status mapping, one log line and one
+latency observation per call), TLS with certificates re-read on change (pollux.service.tls),
+health (grpcio-health-checking, per-service status), server reflection, a Prometheus metrics
+endpoint, and graceful shutdown: on SIGTERM/SIGINT the health status turns NOT_SERVING, new
+RPCs are refused and in-flight ones get `grace_s` to finish.
+
+Secure by default: a host without TLS binds only a loopback address, unless the operator says
+`insecure` — and then it warns on every start.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pollux.service.config import ServerConfig
+from pollux.service.audit import AuditLog
+from pollux.service.auth import Authenticator
+from pollux.service.config import ConfigError, ServerConfig
 from pollux.service.rpc import RpcObserver
+from pollux.service.tls import TlsFiles, is_loopback
 
 log = structlog.get_logger(__name__)
 
@@ -32,14 +39,47 @@ class ServiceHost:
         name: Service name for logs ("scheduler", "agent", "launcher").
         listen: host:port to bind (port 0 picks a free one).
         metrics_listen: host:port of the Prometheus endpoint, or None for none (port 0 = free).
+        tls: The TLS files; None serves plaintext without authentication.
+        authenticator: Proves callers (required with `tls`).
+        require_client_certificate: Refuse connections without a certificate of our CA.
+        insecure: Allow plaintext on a non-loopback address.
+
+    Raises:
+        ConfigError: Plaintext on a non-loopback address without `insecure`.
     """
 
-    def __init__(self, name: str, listen: str, metrics_listen: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        listen: str,
+        metrics_listen: str | None = None,
+        *,
+        tls: TlsFiles | None = None,
+        authenticator: Authenticator | None = None,
+        require_client_certificate: bool = False,
+        insecure: bool = False,
+        audit: AuditLog | None = None,
+    ) -> None:
         self.name = name
         self.listen = listen
         self.metrics_listen = metrics_listen
+        self.tls = tls
+        self.require_client_certificate = require_client_certificate
+        self.insecure = insecure
+        if tls is None and not is_loopback(listen) and not insecure:
+            raise ConfigError(
+                [
+                    f"server.listen: {listen} is reachable from other machines, and this "
+                    "service has no TLS: set tls.ca_file, tls.cert_file and tls.key_file "
+                    "(pollux-up makes them), or bind 127.0.0.1, or pass --insecure to serve "
+                    "plaintext without authentication anyway"
+                ]
+            )
+        if tls is not None and authenticator is None:
+            raise ValueError("a TLS host authenticates its callers: pass an authenticator")
         self.server = grpc.aio.server(
-            interceptors=[RpcObserver()], options=[("grpc.so_reuseport", 0)]
+            interceptors=[RpcObserver(authenticator if tls is not None else None, audit)],
+            options=[("grpc.so_reuseport", 0)],
         )
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -49,9 +89,28 @@ class ServiceHost:
         self._started = False
 
     @classmethod
-    def for_config(cls, name: str, server: ServerConfig) -> ServiceHost:
+    def for_config(
+        cls,
+        name: str,
+        server: ServerConfig,
+        *,
+        tls: TlsFiles | None = None,
+        authenticator: Authenticator | None = None,
+        require_client_certificate: bool = False,
+        insecure: bool = False,
+        audit: AuditLog | None = None,
+    ) -> ServiceHost:
         """The host of a service's `[server]` settings."""
-        return cls(name, server.listen, server.metrics_listen or None)
+        return cls(
+            name,
+            server.listen,
+            server.metrics_listen or None,
+            tls=tls,
+            authenticator=authenticator,
+            require_client_certificate=require_client_certificate,
+            insecure=insecure,
+            audit=audit,
+        )
 
     async def start(self, register: Callable[[grpc.aio.Server], Sequence[str]]) -> int:
         """Register servicers, health and reflection; bind; start. Returns the bound port.
@@ -65,7 +124,20 @@ class ServiceHost:
         reflection.enable_server_reflection(
             [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
-        self.port = self.server.add_insecure_port(self.listen)
+        if self.tls is not None:
+            credentials = self.tls.server_credentials(
+                require_client_certificate=self.require_client_certificate
+            )
+            self.port = self.server.add_secure_port(self.listen, credentials)
+        else:
+            if self.insecure:
+                log.warning(
+                    "serving_without_tls",
+                    listen=self.listen,
+                    detail="plaintext, no authentication: anyone who reaches this port "
+                    "acts as an admin (--insecure)",
+                )
+            self.port = self.server.add_insecure_port(self.listen)
         if self.port == 0:
             raise OSError(f"{self.name}: cannot bind {self.listen}")
         await self.server.start()
@@ -77,7 +149,11 @@ class ServiceHost:
             self._metrics_server, _ = prometheus_client.start_http_server(int(port), host or "")
             self.metrics_port = int(self._metrics_server.server_port)
         log.info(
-            "server_started", listen=self.listen, port=self.port, metrics_port=self.metrics_port
+            "server_started",
+            listen=self.listen,
+            port=self.port,
+            metrics_port=self.metrics_port,
+            tls=self.tls is not None,
         )
         return self.port
 

@@ -22,8 +22,9 @@ import structlog
 from aetcd import rpc
 from google.protobuf.message import DecodeError, Message
 
-from pollux.service.etcd_target import aetcd_address
+from pollux.service.etcd_target import aetcd_address, split_endpoints
 from pollux.service.keys import DEFAULT_ROOT, Keys, Kind
+from pollux.service.tls import TlsFiles
 from pollux.v1 import types_pb2 as pb
 
 M = TypeVar("M", bound=Message)
@@ -179,10 +180,11 @@ class Put:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
-    """A delete of a transaction (a key, or every key under a prefix)."""
+    """A delete of a transaction (a key, every key under a prefix, or the keys [key, end))."""
 
     key: bytes
     prefix: bool = False
+    end: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +273,7 @@ def _compare_mod(e: Expect) -> Any:
 def _op(op: Put | Delete) -> Any:
     if isinstance(op, Put):
         return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease))
-    end = _prefix_end(op.key) if op.prefix else b""
+    end = _prefix_end(op.key) if op.prefix else op.end
     return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end))
 
 
@@ -344,6 +346,44 @@ def side_state_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
     ]
 
 
+class _TlsClient(aetcd.Client):  # type: ignore[misc]
+    """An aetcd client over TLS with a client certificate (aetcd itself dials plaintext only).
+
+    Made like aetcd's own `connect`, with `grpc.aio.secure_channel` in place of the insecure
+    one; the credentials are read from `TlsFiles` at each connect, so a re-dial picks up a
+    renewed certificate.
+    """
+
+    def __init__(self, tls: TlsFiles, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._tls = tls
+        self.tls_generation = tls.generation
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            credentials = self._tls.channel_credentials()
+            self.tls_generation = self._tls.generation
+            self.channel = rpc.secure_channel(
+                f"{self._host}:{self._port}", credentials, options=self._options.items()
+            )
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
 class Store:
     """The cluster state in etcd, typed by entity.
 
@@ -356,36 +396,53 @@ class Store:
         self._client = client
         self.keys = Keys(root)
         self._owned = False
+        self.tls: TlsFiles | None = None
+        """The TLS files the connection was made with (None: plaintext); services serve
+        their own ports with the same identity."""
         self.jobs_written = 0
         """Revision of the last job-record write made through this store (read your writes:
         a replica's mirror waits for it before answering a listing)."""
 
     @classmethod
     async def connect(
-        cls, endpoint: str, root: str = DEFAULT_ROOT, *, timeout_s: float = 5.0
+        cls,
+        endpoint: str,
+        root: str = DEFAULT_ROOT,
+        *,
+        timeout_s: float = 5.0,
+        tls: TlsFiles | None = None,
     ) -> Store:
         """Connect to etcd and return a store that owns the connection.
 
         `endpoint` is ``host:port``, or several members' endpoints comma-separated: requests
-        then fail over between them.
+        then fail over between them. With `tls`, etcd is dialled over TLS and our certificate
+        is the client identity (etcd runs with ``--client-cert-auth``).
 
         Raises:
             ValueError: A malformed endpoint (etcd_target.EndpointError).
         """
         host, port = aetcd_address(endpoint)
         # Large clusters list thousands of jobs in one range; gRPC's 4 MiB default is too small.
-        client = aetcd.Client(
-            host=host,
-            port=port,
-            timeout=timeout_s,
-            options={"grpc.max_receive_message_length": MAX_MESSAGE_BYTES},
-        )
+        options: dict[str, Any] = {"grpc.max_receive_message_length": MAX_MESSAGE_BYTES}
+        if tls is not None:
+            # One target over several members has no single host name to verify: every
+            # member's certificate must name the first member's host (etcd's own guidance
+            # is one certificate naming every member).
+            options["grpc.ssl_target_name_override"] = split_endpoints(endpoint)[0][0]
+        settings: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "timeout": timeout_s,
+            "options": options,
+        }
+        client = _TlsClient(tls, **settings) if tls is not None else aetcd.Client(**settings)
         try:
             await client.connect()
         except aetcd.exceptions.ClientError as error:
             raise StoreUnavailable(f"cannot connect to etcd at {endpoint}: {error}") from error
         store = cls(client, root)
         store._owned = True
+        store.tls = tls
         return store
 
     async def close(self) -> None:
@@ -404,6 +461,28 @@ class Store:
             channel = self._client.channel
             if channel is not None:
                 await channel.close()
+
+    async def reload_tls(self) -> bool:
+        """Re-dial etcd if the TLS files changed since the connection was made.
+
+        In-flight calls fail over (UNAVAILABLE, retried by their callers) and watches re-attach
+        from their last revision, as after any etcd outage. True if it re-dialled.
+        """
+        client = self._client
+        if self.tls is None or not isinstance(client, _TlsClient):
+            return False
+        if not self.tls.changed(client.tls_generation):
+            return False
+        log.info("etcd_redial_for_new_certificate", generation=self.tls.generation)
+        try:
+            await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            if client.channel is not None:
+                await client.channel.close()
+            client._init_channel_attrs()
+            client._connected.clear()
+        await client.connect()
+        return True
 
     # -- generic operations ------------------------------------------------------------------
 
@@ -537,6 +616,38 @@ class Store:
             if not response.more or not kvs:
                 return
             start = bytes(kvs[-1].key) + b"\0"
+
+    async def newest(self, prefix: bytes, cls: type[M], *, limit: int) -> list[Entry[M]]:
+        """The last `limit` messages under a prefix in key order, last first (audit, usage)."""
+        response = await self._call(
+            "Range",
+            rpc.RangeRequest(
+                key=prefix,
+                range_end=_prefix_end(prefix),
+                limit=limit,
+                sort_order=rpc.RangeRequest.DESCEND,
+                sort_target=rpc.RangeRequest.KEY,
+            ),
+        )
+        return self._entries(list(response.kvs), cls)
+
+    async def first_keys(self, prefix: bytes, limit: int) -> list[bytes]:
+        """The first `limit` keys under a prefix in key order (keys only)."""
+        response = await self._call(
+            "Range",
+            rpc.RangeRequest(
+                key=prefix, range_end=_prefix_end(prefix), limit=limit, keys_only=True
+            ),
+        )
+        return [bytes(kv.key) for kv in response.kvs]
+
+    async def count(self, prefix: bytes) -> int:
+        """How many keys are under a prefix (etcd counts; nothing is transferred)."""
+        response = await self._call(
+            "Range",
+            rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix), count_only=True),
+        )
+        return int(response.count)
 
     async def get_many(self, keys: Sequence[bytes], cls: type[M]) -> list[Entry[M] | None]:
         """The messages at `keys` (None where a key is gone), read in transactions of 100."""

@@ -13,7 +13,7 @@ import re
 import socket
 from pathlib import Path
 
-from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,253}")
@@ -27,6 +27,8 @@ class LauncherConfig:
     """Where the cluster state lives."""
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     """The launcher's gRPC endpoint (logs, replica table), health and metrics."""
+    tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
+    """TLS and authentication of its ports and of its etcd connection."""
     node_name: str = dataclasses.field(default_factory=socket.gethostname)
     """Unique node name the scheduler allocates to; the hostname by default."""
     gpus: int | None = None

@@ -64,6 +64,8 @@ from pollux.launcher.watchdog import WatchdogLink
 from pollux.service.config import ConfigError
 from pollux.service.keys import Kind
 from pollux.service.ownership import ranked
+from pollux.service.auth import job_credential
+from pollux.service.job_credentials import JobKeyring
 from pollux.service.session import LeasedRegistration
 from pollux.service.store import (
     Conflict,
@@ -201,6 +203,7 @@ class Launcher:
         """Reconcile passes finished (successful or not): what "the launcher looked" means."""
         self._scan_orphans = True
         self.fence_token = fence_token(config.etcd.endpoint, config.etcd.root, self.node_name)
+        self._keyring = JobKeyring(store)
         self.watchdog = WatchdogLink(self.fence_token, margin_s=fence_margin(config.lease_ttl_s))
         self._registration = LeasedRegistration(
             store,
@@ -519,6 +522,8 @@ class Launcher:
             )
             for plan in plans
         ]
+        tls = self.store.tls
+        credential = job_credential(await self._keyring.key(), job_id) if tls else ""
         keys = self.store.keys
         expect = [Expect(keys.allocation(job_id), current.mod_revision)]
         for plan in plans:
@@ -547,6 +552,8 @@ class Launcher:
                     checkpoint_dir=str(checkpoint_dir),
                     cuda=self.inventory.cuda,
                     fence_token=self.fence_token,
+                    credential=credential,
+                    tls_ca=str(tls.paths[0]) if tls else "",
                 )
                 return LaunchSpec(
                     command=list(spec.command),

@@ -20,6 +20,7 @@ from pollux.launcher.gpus import GpuDetectionError, Inventory, detect
 from pollux.launcher.launcher import Launcher
 from pollux.launcher.servicer import SERVICE_NAME, LauncherServicer
 from pollux.service.app import ServiceApp, Servicer
+from pollux.service.auth import ADMIN, SERVICE, Authenticator
 from pollux.service.config import ConfigError
 from pollux.service.entry import Flag, ServiceSpec, run_service
 from pollux.service.server import ServiceHost
@@ -67,7 +68,15 @@ class LauncherApp(ServiceApp):
             LauncherServicer(self.launcher),
             SERVICE_NAME,
         )
-        host = ServiceHost.for_config("launcher", config.server)
+        # Only services (the schedulers relaying logs) and operators with certificates call in.
+        host = ServiceHost.for_config(
+            "launcher",
+            config.server,
+            tls=store.tls,
+            authenticator=Authenticator(roles=(SERVICE, ADMIN)),
+            require_client_certificate=True,
+            insecure=config.tls.insecure,
+        )
         super().__init__(host, config.server, self.launcher, [servicer], node_id=config.node_name)
 
 

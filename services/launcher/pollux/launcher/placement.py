@@ -134,11 +134,15 @@ def contract_env(
     checkpoint_dir: str,
     cuda: bool,
     fence_token: str = "",
+    credential: str = "",
+    tls_ca: str = "",
 ) -> dict[str, str]:
     """The environment contract of docs/architecture.md §7 for one replica.
 
     `fence_token` marks the process as this node's replica (fence.py), so the node's watchdog
-    and a restarted launcher can find it and its children.
+    and a restarted launcher can find it and its children. On a cluster with TLS, `credential`
+    is the job's credential for its agent calls (pollux.service.auth) and `tls_ca` the CA file
+    the replica checks the agent's certificate against.
 
     `agent_addrs` is in preference order (the job's rendezvous owner first), so a replica
     whose agent dies retries the next one, which answers from etcd. CPU slots get an empty
@@ -160,6 +164,10 @@ def contract_env(
     }
     if fence_token:
         env[FENCE_VAR] = fence_token
+    if credential:
+        env["POLLUX_JOB_CREDENTIAL"] = credential
+    if tls_ca:
+        env["POLLUX_TLS_CA"] = tls_ca
     return env
 
 
@@ -170,9 +178,11 @@ def replica_env(
 
     The launcher's own POLLUX_* variables are dropped (that prefix is reserved for the
     contract and would leak launcher settings), and the contract is applied last so a job's
-    env can never override its rank or world.
+    env can never override its rank or world. Secret values (`spec.secret_env`) reach the
+    replica like any other; only the API hides them.
     """
     env = {k: v for k, v in inherited.items() if not k.startswith("POLLUX_")}
     env.update(spec.env)
+    env.update(spec.secret_env)
     env.update(contract)
     return env

@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 from pollux.service.maintenance import MaintenanceSettings
 
 POLICIES = ("pollux", "optimus", "tiresias")
@@ -46,6 +46,16 @@ class SchedulingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Who may call the scheduler (with TLS on; pollux.service.auth)."""
+
+    client_certificates: bool = False
+    """Require a client certificate of the cluster CA on the public port as well as accepting
+    tokens (gRPC Python cannot ask for an optional one): for sites that give people
+    certificates. Off: people authenticate with API tokens over server-verified TLS."""
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionConfig:
     """How long finished jobs stay in etcd (pollux.scheduler.retention)."""
 
@@ -56,10 +66,20 @@ class RetentionConfig:
     """A finished job's record is deleted this long after it ends (GetJob: NOT_FOUND)."""
     sweep_interval_s: float = 60.0
     """How often the leader looks for finished jobs to clean up."""
+    audit_days: float = 90.0
+    """Audit records are deleted this long after they were written."""
+    audit_max_records: int = 100_000
+    """At most this many audit records are kept (the oldest go first)."""
+    usage_days: float = 400.0
+    """Per-day usage records (pollux-cli usage) are kept this long: over a year of accounting."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
         out = []
+        if self.audit_days <= 0 or self.usage_days <= 0:
+            out.append("audit_days, usage_days: must be > 0")
+        if self.audit_max_records < 1:
+            out.append("audit_max_records: must be >= 1")
         if self.finished_grace_s < 0:
             out.append("finished_grace_s: must be >= 0")
         if self.retention_days * 86400 < self.finished_grace_s:
@@ -85,10 +105,14 @@ class SchedulerConfig:
     """Cluster state store."""
     server: ServerConfig = field(default_factory=lambda: ServerConfig(listen="127.0.0.1:7070"))
     """gRPC endpoint and logging."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """TLS and authentication of its ports and of its etcd connection."""
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     """Round timing and policy."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)
-    """How long finished jobs stay."""
+    """How long finished jobs, audit and usage records stay."""
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """Authentication of people."""
     maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
     """etcd compaction, defragmentation and NOSPACE recovery (pollux.service.maintenance)."""
 

@@ -17,19 +17,26 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
+from pollux.scheduler.tokens import TokenBook
 from pollux.service.app import ServiceApp, Servicer
+from pollux.service.audit import AuditLog
+from pollux.service.auth import Authenticator
 from pollux.service.entry import Flag, ServiceSpec, run_service
 from pollux.service.maintenance import EtcdMaintainer
 from pollux.service.server import ServiceHost
 from pollux.service.store import Store, cancel_and_wait
+from pollux.v1 import admin_service_pb2 as apb
+from pollux.v1 import admin_service_pb2_grpc as apb_grpc
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 
 SERVICE = spb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 """Fully qualified service name, for health and reflection."""
+ADMIN_SERVICE = apb.DESCRIPTOR.services_by_name["AdminService"].full_name
 LEADER_HEALTH = f"{SERVICE}/leader"
 """Health service name that is SERVING only while this replica leads."""
 
@@ -99,7 +106,17 @@ class SchedulerApp(ServiceApp):
     """
 
     def __init__(self, config: SchedulerConfig, store: Store) -> None:
-        host = ServiceHost.for_config("scheduler", config.server)
+        tokens = TokenBook(store)
+        self.audit = AuditLog(store, ACTIONS)
+        host = ServiceHost.for_config(
+            "scheduler",
+            config.server,
+            tls=store.tls,
+            authenticator=Authenticator(tokens=tokens.verify),
+            require_client_certificate=config.auth.client_certificates,
+            insecure=config.tls.insecure,
+            audit=self.audit,
+        )
         campaign = Campaign(store, config, host)
         self.scheduler = campaign.scheduler
         servicer = SchedulerServicer(
@@ -114,9 +131,21 @@ class SchedulerApp(ServiceApp):
             host,
             config.server,
             campaign,
-            [Servicer(spb_grpc.add_SchedulerServiceServicer_to_server, servicer, SERVICE)],
+            [
+                Servicer(spb_grpc.add_SchedulerServiceServicer_to_server, servicer, SERVICE),
+                Servicer(
+                    apb_grpc.add_AdminServiceServicer_to_server,
+                    AdminServicer(store, tokens),
+                    ADMIN_SERVICE,
+                ),
+            ],
             scheduler_id=config.id,
         )
+
+    async def stop(self) -> None:
+        """Stop, then write the audit records still queued."""
+        await super().stop()
+        await self.audit.close()
 
 
 SPEC: ServiceSpec[SchedulerConfig, None] = ServiceSpec(

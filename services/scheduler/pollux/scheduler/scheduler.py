@@ -22,10 +22,15 @@ from pollux.policy.optimus import OptimusPolicy
 from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
+from pollux.scheduler import accounting
+from pollux.scheduler.accounting import day_of
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import KnownJob, Recorded, RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
 from pollux.scheduler.retention import plan_sweep, sweep
+from pollux.scheduler.tokens import TokenBook
+from pollux.service import audit
+from pollux.service.keys import Kind
 from pollux.service.mirror import ClusterMirror
 from pollux.service.session import LeaseSession
 from pollux.service.store import (
@@ -242,8 +247,15 @@ class Scheduler:
         """Sweep finished jobs out of etcd every `sweep_interval_s` while leading (retention.py)."""
         retention = self.config.retention
         swept: set[str] = set()
+        sampled = self.clock()
         while True:
             try:
+                now = self.clock()
+                active = [e.value for e in self.mirror.snapshot().jobs.values()]
+                speedups = await accounting.speedups_of(self.store, active)
+                usage = accounting.sample(active, speedups, since=sampled, now=now)
+                await accounting.record(self.store, usage, fence)
+                sampled = now
                 jobs, _ = await self.store.list_jobs()
                 plan = plan_sweep(
                     jobs,
@@ -255,11 +267,28 @@ class Scheduler:
                 if plan.side_state or plan.expired:
                     side_state, records = await sweep(self.store, plan, fence, swept)
                     log.info("finished_jobs_swept", side_state=side_state, records=records)
+                await self._prune_records(fence)
             except FenceLost:
                 return  # the round loop notices the lost leadership
             except StoreError as error:
                 log.warning("retention_sweep_failed", error=str(error))
             await asyncio.sleep(retention.sweep_interval_s)
+
+    async def _prune_records(self, fence: Fence) -> None:
+        """Delete what outlived its retention: audit and usage records, expired tokens."""
+        retention = self.config.retention
+        now = self.clock()
+        ops = await audit.prune_ops(
+            self.store,
+            now_s=now,
+            max_age_s=retention.audit_days * 86400,
+            max_records=retention.audit_max_records,
+        )
+        usage = self.store.keys.prefix(Kind.USAGE)
+        first_kept = self.store.keys.usage_day(day_of(now - retention.usage_days * 86400))
+        ops.append(Delete(usage, end=first_kept))
+        ops.extend(Delete(e.key) for e in await TokenBook(self.store, self.clock).expired())
+        await self.store.txn(ops, fence=fence)
 
     async def _wait_for_next(self, session: LeaseSession) -> None:
         interval = self.config.scheduling.interval_s

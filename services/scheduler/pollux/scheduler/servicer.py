@@ -19,13 +19,17 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
+from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
+from pollux.scheduler.logs import LauncherLogs
 from pollux.scheduler.validation import normalised, validate_submit
+from pollux.service import auth
 from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from pollux.service.keys import Kind
 from pollux.service.mirror import ClusterMirror
 from pollux.service.store import Conflict, Store, decode
+from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -68,6 +72,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         mirror: ClusterMirror | None = None,
     ) -> None:
         self.store = store
+        self.logs = LauncherLogs(store, store.tls)
         self.warnings = warnings
         self.mirror = mirror
         self.replica_id = replica_id
@@ -88,18 +93,23 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 (("pollux-leader-id", leader.id), ("pollux-leader-address", leader.address))
             )
 
-    async def _job(self, job_id: str) -> tuple[pb.Job, int]:
+    async def _job(self, job_id: str, action: str) -> tuple[pb.Job, int]:
+        """The job and its revision, if the caller may do `action` on it."""
+        check_person(auth.current(), action)
         if not job_id:
             raise InvalidArgument([("job_id", "required")])
         entry = await self.store.get_job(job_id)
         if entry is None:
             raise NotFound(f"job {shown(job_id)} not found (pollux-cli ls lists jobs)")
+        check_job(auth.current(), entry.value, action)
         return entry.value, entry.mod_revision
 
     async def SubmitJob(
         self, request: spb.SubmitJobRequest, context: Context
     ) -> spb.SubmitJobResponse:
         """Validate completely, then create-if-absent on the request id."""
+        caller = auth.current()
+        check_person(caller, "SubmitJob")
         validate_submit(request.spec, request.request_id, request.HasField("spec"))
         now = self.clock()
         job = pb.Job(
@@ -107,31 +117,41 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             spec=normalised(request.spec),
             request_id=request.request_id,
             state=S.JOB_STATE_PENDING,
+            owner=caller.name,
+            tenant=caller.tenant,
         )
         job.create_time.FromNanoseconds(int(now * 1e9))
         entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
         entry.time.CopyFrom(job.create_time)
         stored, created = await self.store.create_job(job)
-        if not created and stored.spec != job.spec:
+        if not created and (stored.spec != job.spec or stored.owner != job.owner):
             raise FailedPrecondition(
                 f"request_id {request.request_id!r} was already used for job {stored.id} "
                 "with a different spec; use a new request_id"
             )
         if created:
             self.on_change()
-        log.info("job_submitted", job_id=stored.id, created=created, name=stored.spec.name)
+        log.info(
+            "job_submitted",
+            job_id=stored.id,
+            created=created,
+            name=stored.spec.name,
+            owner=stored.owner,
+            tenant=stored.tenant,
+        )
         await self._leader_metadata(context)
-        return spb.SubmitJobResponse(job=stored, created=created)
+        return spb.SubmitJobResponse(job=redacted(stored), created=created)
 
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
-        job, _ = await self._job(request.job_id)
-        return spb.GetJobResponse(job=job)
+        job, _ = await self._job(request.job_id, "GetJob")
+        return spb.GetJobResponse(job=redacted(job))
 
     async def ListJobs(
         self, request: spb.ListJobsRequest, context: Context
     ) -> spb.ListJobsResponse:
-        """Jobs in creation order, filtered, one page at a time."""
+        """Jobs in creation order, filtered, one page at a time (a user's own jobs only)."""
+        check_person(auth.current(), "ListJobs")
         size = request.page_size or 100
         problems = []
         if not 1 <= size <= 1000:
@@ -159,7 +179,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             page.append(job)
             total += weight
         token = _page_token(page[-1]) if more or len(selected) > len(page) else ""
-        return spb.ListJobsResponse(jobs=page, next_page_token=token)
+        return spb.ListJobsResponse(jobs=[redacted(j) for j in page], next_page_token=token)
 
     async def _select(
         self, request: spb.ListJobsRequest, after: tuple[int, str] | None, size: int
@@ -172,6 +192,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         last one) and other replicas' writes within a watch delivery, as a watch cache does.
         """
         states, labels = {int(s) for s in request.states}, dict(request.labels)
+        owner = owner_filter(auth.current())
         mirror = self.mirror
         if (
             mirror is not None
@@ -184,6 +205,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 labels=labels,
                 after=after,
                 limit=size,
+                owner=owner,
             )
             entries = await self.store.get_many(keys, pb.Job)
             return [e.value for e in entries if e is not None], more
@@ -195,6 +217,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             and j.spec.name.startswith(request.name_prefix)
             and all(j.spec.labels.get(k) == v for k, v in labels.items())
             and (after is None or _order(j) > after)
+            and (owner is None or j.owner == owner)
         ]
         return selected[:size], len(selected) > size
 
@@ -203,9 +226,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     ) -> spb.CancelJobResponse:
         """Flag the job; the leader stops it in the next round (triggered now)."""
         for _ in range(10):
-            job, revision = await self._job(request.job_id)
+            job, revision = await self._job(request.job_id, "CancelJob")
             if job.state == S.JOB_STATE_CANCELLED or job.cancel_requested:
-                return spb.CancelJobResponse(job=job)
+                return spb.CancelJobResponse(job=redacted(job))
             if job.state in TERMINAL:
                 raise FailedPrecondition(
                     f"job {job.id} already {S.Name(job.state).removeprefix('JOB_STATE_')}; "
@@ -220,14 +243,14 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             self.on_change()
             log.info("job_cancel_requested", job_id=job.id, reason=shown(request.reason, 200))
             await self._leader_metadata(context)
-            return spb.CancelJobResponse(job=job)
+            return spb.CancelJobResponse(job=redacted(job))
         raise Conflict(self.store.keys.job(request.job_id))
 
     async def DeleteJob(
         self, request: spb.DeleteJobRequest, context: Context
     ) -> spb.DeleteJobResponse:
         """Remove a finished job and everything stored for it."""
-        job, revision = await self._job(request.job_id)
+        job, revision = await self._job(request.job_id, "DeleteJob")
         if job.state not in TERMINAL:
             raise FailedPrecondition(
                 f"job {job.id} is {S.Name(job.state).removeprefix('JOB_STATE_')}; "
@@ -240,14 +263,21 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def WatchJobs(
         self, request: spb.WatchJobsRequest, context: Context
     ) -> AsyncIterator[spb.WatchJobsResponse]:
-        """Current jobs, then every change."""
+        """Current jobs, then every change (a user's own jobs only)."""
+        caller = auth.current()
+        check_person(caller, "WatchJobs")
+        owner = owner_filter(caller)
+        if request.job_id:
+            await self._job(request.job_id, "WatchJobs")
         entries, revision = await self.store.list_jobs()
         last: dict[bytes, pb.Job] = {}
         for entry in sorted(entries, key=lambda e: _order(e.value)):
             if request.job_id and entry.value.id != request.job_id:
                 continue
+            if owner is not None and entry.value.owner != owner:
+                continue
             last[self.store.keys.job(entry.value.id)] = entry.value
-            yield spb.WatchJobsResponse(job=entry.value)
+            yield spb.WatchJobsResponse(job=redacted(entry.value))
         if request.job_id and not last:
             raise NotFound(f"job {shown(request.job_id)} not found")
         prefix = (
@@ -259,19 +289,23 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             if request.job_id and event.key != self.store.keys.job(request.job_id):
                 continue
             if event.value is None:
+                if event.key not in last and owner is not None:
+                    continue  # not a job this caller saw
                 previous = last.pop(event.key, pb.Job(id=event.key.decode().rsplit("/", 1)[-1]))
-                yield spb.WatchJobsResponse(job=previous, deleted=True)
+                yield spb.WatchJobsResponse(job=redacted(previous), deleted=True)
                 if request.job_id:
                     return
                 continue
             job = decode(pb.Job, event.value, event.key)
+            if owner is not None and job.owner != owner:
+                continue
             last[event.key] = job
-            yield spb.WatchJobsResponse(job=job)
+            yield spb.WatchJobsResponse(job=redacted(job))
 
     async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
         """The job, its part of the latest decision that included it, its model."""
-        job, _ = await self._job(request.job_id)
-        response = spb.ExplainResponse(job=job)
+        job, _ = await self._job(request.job_id, "Explain")
+        response = spb.ExplainResponse(job=redacted(job))
         for decision in await self.store.latest_decisions(50):
             mine = next((d for d in decision.jobs if d.job_id == job.id), None)
             if mine is not None:
@@ -336,3 +370,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         if decisions:
             response.last_round = max(response.last_round, decisions[0].round)
         return response
+
+    async def StreamLogs(
+        self, request: lpb.StreamLogsRequest, context: Context
+    ) -> AsyncIterator[lpb.StreamLogsResponse]:
+        """A replica's log, relayed from its launcher (pollux.scheduler.logs)."""
+        job, _ = await self._job(request.job_id, "StreamLogs")
+        async for response in self.logs.stream(job, request):
+            yield response

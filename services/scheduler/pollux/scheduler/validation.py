@@ -99,15 +99,18 @@ def _validate_command(spec: pb.JobSpec, v: Violations) -> None:
 
 
 def _validate_env(spec: pb.JobSpec, v: Violations) -> None:
-    if len(spec.env) > MAX_ENV:
-        v.add("spec.env", f"{len(spec.env)} variables; at most {MAX_ENV}")
-    for name, value in spec.env.items():
-        field = _key_path("spec.env", name)
-        if ENV_NAME.fullmatch(name) is None:
-            v.add(field, "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        elif name.startswith("POLLUX_"):
-            v.add(field, "POLLUX_* variables are set by the launcher; rename it")
-        _text(v, field, value, free_text=True)
+    if len(spec.env) + len(spec.secret_env) > MAX_ENV:
+        v.add("spec.env", f"{len(spec.env) + len(spec.secret_env)} variables; at most {MAX_ENV}")
+    for where, env in (("spec.env", spec.env), ("spec.secret_env", spec.secret_env)):
+        for name, value in env.items():
+            field = _key_path(where, name)
+            if ENV_NAME.fullmatch(name) is None:
+                v.add(field, "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            elif name.startswith("POLLUX_"):
+                v.add(field, "POLLUX_* variables are set by the launcher; rename it")
+            _text(v, field, value, free_text=True)
+    for name in set(spec.env) & set(spec.secret_env):
+        v.add(_key_path("spec.secret_env", name), "also in spec.env; keep it in one of them")
 
 
 def _validate_labels(spec: pb.JobSpec, v: Violations) -> None:
