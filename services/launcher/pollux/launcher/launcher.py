@@ -61,11 +61,11 @@ from pollux.launcher.placement import (
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
 from pollux.launcher.watchdog import WatchdogLink
+from pollux.service.auth import job_credential
 from pollux.service.config import ConfigError
+from pollux.service.job_credentials import JobKeyring
 from pollux.service.keys import Kind
 from pollux.service.ownership import ranked
-from pollux.service.auth import job_credential
-from pollux.service.job_credentials import JobKeyring
 from pollux.service.session import LeasedRegistration
 from pollux.service.store import (
     Conflict,
