@@ -30,6 +30,7 @@ from pathlib import Path
 
 import grpc
 
+from pollux.train.agent_link import agent_channel
 from pollux.v1 import agent_service_pb2 as apb
 from pollux.v1 import agent_service_pb2_grpc as apb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -129,7 +130,7 @@ class Job:
             gradient=pb.GradientStats(sqr=1.0, var=4.0),
         )
         for address in list(self.agents):
-            with grpc.insecure_channel(address) as channel:
+            with agent_channel(address) as channel:
                 try:
                     reply = apb_grpc.AgentServiceStub(channel).ReportMetrics(request, timeout=1.0)
                 except grpc.RpcError:

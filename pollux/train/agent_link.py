@@ -19,8 +19,9 @@ agent takes reports only for the job it names).
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,36 @@ log = structlog.get_logger(__name__)
 
 _FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 """Codes with which the agent refuses a report for good."""
+
+
+def channel_credentials(
+    credential: str | None, ca_file: Path | None
+) -> grpc.ChannelCredentials | None:
+    """TLS checked against `ca_file`, sending the job credential with every call.
+
+    None (plaintext) on a cluster without TLS.
+    """
+    if ca_file is None:
+        return None
+    credentials = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
+    if credential:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(credential)
+        )
+    return credentials
+
+
+def agent_channel(address: str, environ: Mapping[str, str] | None = None) -> grpc.Channel:
+    """A channel to an agent as the environment contract says (TLS CA, job credential).
+
+    For scripts that talk to their agent without `AgentLink`.
+    """
+    env = os.environ if environ is None else environ
+    ca = env.get("POLLUX_TLS_CA")
+    credentials = channel_credentials(env.get("POLLUX_JOB_CREDENTIAL"), Path(ca) if ca else None)
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials)
 
 
 class AgentLink:
@@ -67,13 +98,7 @@ class AgentLink:
         self.job_id = job_id
         self.timeout_s = timeout_s
         self.addresses = list(addresses)
-        self._credentials: grpc.ChannelCredentials | None = None
-        if ca_file is not None:
-            self._credentials = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
-            if credential:
-                self._credentials = grpc.composite_channel_credentials(
-                    self._credentials, grpc.access_token_call_credentials(credential)
-                )
+        self._credentials = channel_credentials(credential, ca_file)
         self._channels = [self._open(a) for a in addresses]
         self._stubs = [apb_grpc.AgentServiceStub(c) for c in self._channels]
         self._preferred = 0

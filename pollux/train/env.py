@@ -94,7 +94,7 @@ class TrainEnv:
             else tuple(d.strip() for d in cvd.split(",") if d.strip()),
             num_nodes=_optional_int(env, "POLLUX_NUM_NODES", minimum=1),
             job_credential=_text(env, "POLLUX_JOB_CREDENTIAL"),
-            tls_ca=_path(env, "POLLUX_TLS_CA"),
+            tls_ca=_file(env, "POLLUX_TLS_CA"),
         )
 
 
@@ -136,6 +136,16 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
     path = Path(value).expanduser()
     if path.exists() and not path.is_dir():
         raise EnvVarError(name, value, "exists and is not a directory")
+    return path
+
+
+def _file(env: Mapping[str, str], name: str) -> Path | None:
+    value = _text(env, name)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise EnvVarError(name, value, "is not a readable file")
     return path
 
 

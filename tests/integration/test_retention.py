@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import grpc
 import pytest
 
+from pollux.scheduler.accounting import day_of
 from pollux.scheduler.config import RetentionConfig
 from pollux.scheduler.retention import SweepPlan, sweep
+from pollux.service.bootstrap import create_token
+from pollux.service.keys import Kind
 from pollux.service.store import Entry, Fence, FenceLost, Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
@@ -119,3 +123,77 @@ async def test_a_record_changed_since_the_sweep_read_it_is_skipped_alone(store: 
     assert await sweep(store, SweepPlan(expired=entries), fence, swept) == (0, 1)
     assert await store.get(store.keys.job("a"), pb.Job) is None
     assert await store.get(store.keys.job("b"), pb.Job) is not None
+
+
+async def test_usage_is_accounted_per_user_and_survives_the_jobs_deletion(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    retention = RetentionConfig(
+        finished_grace_s=0.2, retention_days=1.0 / 86400, sweep_interval_s=0.2
+    )
+    replica = await Replica(store, replace(config(etcd, root, "s-1"), retention=retention)).start()
+    try:
+        await add_node(store, "n1", 2)
+        job = (
+            await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="used"))
+        ).job
+
+        async def accounted() -> list[pb.UsageRecord]:
+            entries, _ = await store.scan(store.keys.prefix(Kind.USAGE), pb.UsageRecord)
+            return [e.value for e in entries if e.value.gpu_seconds > 0]
+
+        records = await eventually(accounted, 15, "the allocated job's GPU time to be booked")
+        assert [(r.user, r.tenant) for r in records] == [("local", "")]
+        done = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        await store.put_replica_status(
+            pb.ReplicaStatus(
+                job_id=job.id,
+                node="n1",
+                rank=0,
+                generation=done.allocation.generation,
+                phase=pb.REPLICA_PHASE_EXITED,
+                exit_code=0,
+            )
+        )
+
+        async def record_gone() -> bool:
+            return await store.get_job(done.id) is None
+
+        await eventually(record_gone, 15, "the job record to expire")
+        assert await accounted(), "usage outlives the job"
+    finally:
+        await replica.stop()
+
+
+async def test_old_audit_and_usage_records_and_expired_tokens_are_deleted(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    k = store.keys
+    now = time.time()
+    old, recent = now - 200 * 86400, now - 60
+    await store.put(k.audit(int(old * 1e9), "a"), pb.AuditRecord(action="SubmitJob"))
+    await store.put(k.audit(int(recent * 1e9), "b"), pb.AuditRecord(action="CancelJob"))
+    await store.put(k.usage(day_of(old - 300 * 86400), "t", "u"), pb.UsageRecord(gpu_seconds=1))
+    await store.put(k.usage(day_of(now), "t", "u"), pb.UsageRecord(gpu_seconds=2))
+    expired = pb.ApiToken(id="0123456789ab", user="x")
+    expired.expire_time.FromNanoseconds(int((now - 1) * 1e9))
+    await store.put(k.token(expired.id), expired)
+    live = await create_token(store, "y")
+    retention = RetentionConfig(sweep_interval_s=0.2, audit_max_records=10)
+    replica = await Replica(store, replace(config(etcd, root, "s-1"), retention=retention)).start()
+    try:
+
+        async def pruned() -> bool:
+            return await store.count(k.prefix(Kind.AUDIT)) == 1 and (
+                await store.count(k.prefix(Kind.TOKENS)) == 1
+            )
+
+        await eventually(pruned, 15, "the old records to go")
+        kept = await store.newest(k.prefix(Kind.AUDIT), pb.AuditRecord, limit=5)
+        assert [e.value.action for e in kept] == ["CancelJob"]
+        usage, _ = await store.scan(k.prefix(Kind.USAGE), pb.UsageRecord)
+        assert [e.value.gpu_seconds for e in usage] == [2]
+        token_id = live.split("_")[1]
+        assert await store.get(k.token(token_id), pb.ApiToken) is not None
+    finally:
+        await replica.stop()

@@ -182,6 +182,15 @@ def test_environment_contract_is_read_with_defaults_for_a_standalone_run(tmp_pat
     assert TrainEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""}).cuda_visible_devices == ()
 
 
+def test_a_secure_cluster_gives_the_ca_file_and_the_jobs_credential(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = TrainEnv.from_environ({"POLLUX_TLS_CA": str(ca), "POLLUX_JOB_CREDENTIAL": "pjc.j.x"})
+    assert (env.tls_ca, env.job_credential) == (ca, "pjc.j.x")
+    with pytest.raises(EnvVarError, match="POLLUX_TLS_CA"):
+        TrainEnv.from_environ({"POLLUX_TLS_CA": str(tmp_path)})  # a directory, not the CA
+
+
 @pytest.mark.parametrize(
     ("environ", "variable"),
     [

@@ -24,6 +24,7 @@ def report(seq: int, world: int, nodes: int) -> None:
     """Send one ReportMetrics to the job's agent; failures are ignored (training goes on)."""
     import grpc
 
+    from pollux.train.agent_link import agent_channel
     from pollux.v1 import agent_service_pb2 as apb
     from pollux.v1 import agent_service_pb2_grpc as apb_grpc
     from pollux.v1 import types_pb2 as pb
@@ -52,7 +53,7 @@ def report(seq: int, world: int, nodes: int) -> None:
         gradient=pb.GradientStats(sqr=1.0, var=50.0),
     )
     try:
-        with grpc.insecure_channel(address) as channel:
+        with agent_channel(address) as channel:  # TLS and the job credential when secure
             apb_grpc.AgentServiceStub(channel).ReportMetrics(request, timeout=2)
     except grpc.RpcError as error:
         print(f"report failed: {error.code().name}", flush=True)

@@ -6,6 +6,10 @@ only decides who keeps the job's profile cached in memory, which saves the etcd 
 report path. A stale cache is harmless: the write then fails its compare, the agent re-reads
 and applies the report again. Within one agent, operations on a job are serialised by a per-job
 lock, so a job's replicas reporting to their owner never conflict with each other.
+
+Reports are bounded before they are merged (`report_bounds`: what a report may claim against
+its job's limits and its replica's earlier reports, how much it may weigh); the per-replica
+time budgets are this agent's memory.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import structlog
 from pollux.agent.batch_config import BatchConfigError, choose
 from pollux.agent.config import AgentConfig
 from pollux.agent.profile import (
+    Limits,
     build_model,
     can_fit,
     fit_profile,
@@ -31,9 +36,21 @@ from pollux.agent.profile import (
     shape_key,
     with_config,
 )
+from pollux.agent.report_bounds import (
+    ReplicaBudgets,
+    check_against_job,
+    claimed_seconds,
+    report_weights,
+)
 from pollux.goodput import GoodputError
 from pollux.service import ownership
-from pollux.service.errors import FailedPrecondition, NotFound, Unavailable, shown
+from pollux.service.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    shown,
+)
 from pollux.service.keys import Kind
 from pollux.service.session import LeasedRegistration
 from pollux.service.store import (
@@ -81,6 +98,8 @@ class _Cached:
     profile: Entry[pb.ObservationProfile] | None
     model: pb.JobModel | None
     limits: pb.BatchLimits
+    max_replicas: int = 0
+    """The job's replica limit (0: none), which reports are checked against."""
 
 
 class Agent:
@@ -114,6 +133,8 @@ class Agent:
         self._cache: dict[str, _Cached] = {}
         self._last_fit: dict[str, float] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._budgets = ReplicaBudgets()
+        """Training seconds each replica may still claim (report_bounds.ReplicaBudgets)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -236,7 +257,8 @@ class Agent:
         # Read after the profile: the model is then at least as new as it, and the profile's
         # compare-and-swap guarantees it is exactly the one written with it.
         model = await self._store.get_model(job_id)
-        state = _Cached(profile, model.value if model else None, job.value.spec.batch)
+        spec = job.value.spec
+        state = _Cached(profile, model.value if model else None, spec.batch, spec.max_replicas)
         self._remember(job_id, state)
         return state
 
@@ -269,7 +291,9 @@ class Agent:
             return None
         created = state.profile.create_revision if state.profile is not None else revision
         entry = Entry(profile, revision, created)
-        self._remember(job_id, _Cached(entry, model or state.model, state.limits))
+        self._remember(
+            job_id, _Cached(entry, model or state.model, state.limits, state.max_replicas)
+        )
         return revision
 
     async def _back_off(self, attempt: int) -> None:
@@ -281,23 +305,33 @@ class Agent:
         """Merge a validated report into the job's profile, refit if due, publish the model.
 
         Raises:
+            InvalidArgument: The report breaks its job's limits or claims more training time
+                than its replica can have had (report_bounds); nothing was applied.
             NotFound: The job does not exist.
             Unavailable: The profile kept changing under us; the report was not applied.
         """
         job_id = request.job_id
+        replica = (job_id, request.generation, request.rank)
+        claimed = claimed_seconds(request.observations)
         async with self._job_lock(job_id):
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 state = await self._load(job_id, fresh=attempt > 1)
+                _check_against_job(request, state)
                 current = state.profile.value if state.profile else pb.ObservationProfile()
                 merge = merge_report(current, request)
                 if not merge.applied:
                     return ReportOutcome(False, observation_count(current), attempts=attempt)
+                now = self._clock()
+                problems = self._budgets.check(replica, claimed, now)
+                if problems:
+                    raise InvalidArgument(problems)
+                if attempt == 1:
+                    _log_clipped(request)
                 throughput = (
                     state.model.throughput
                     if state.model is not None and state.model.HasField("throughput")
                     else None
                 )
-                now = self._clock()
                 fit_seconds, fit_failed = None, False
                 if can_fit(merge.profile) and self._fit_due(
                     job_id, merge.new_configuration, throughput, now
@@ -327,6 +361,7 @@ class Agent:
                     log.info("agent_report_conflict", job_id=job_id, attempt=attempt)
                     await self._back_off(attempt)
                     continue
+                self._budgets.charge(replica, claimed, now)
                 if fit_seconds is not None:
                     self._fitted(job_id, now)
                 return ReportOutcome(
@@ -404,6 +439,33 @@ class Agent:
         if await self._store.get_job(job_id) is None:
             raise NotFound(f"job {shown(job_id)} not found")
         raise NotFound(f"job {shown(job_id)} has no model yet: no metrics have been reported")
+
+
+def _check_against_job(request: api.ReportMetricsRequest, state: _Cached) -> None:
+    """Raise InvalidArgument if the report breaks its job's limits (report_bounds)."""
+    try:
+        max_batch: int | None = Limits.of(state.limits).max_batch
+    except GoodputError:  # limits that admit nothing: the job cannot be tuned anyway
+        max_batch = None
+    problems = check_against_job(request, max_batch, state.max_replicas)
+    if problems:
+        raise InvalidArgument(problems)
+
+
+def _log_clipped(request: api.ReportMetricsRequest) -> None:
+    """Say so when a report's steps were clipped to its bounded weight (report_bounds)."""
+    claimed = sum(obs.count for obs in request.observations)
+    kept = sum(report_weights(request.observations))
+    if kept < claimed:
+        log.info(
+            "agent_report_clipped",
+            job_id=request.job_id,
+            generation=request.generation,
+            rank=request.rank,
+            seq=request.seq,
+            claimed_steps=claimed,
+            kept_steps=kept,
+        )
 
 
 def _same_batch(a: pb.BatchConfig, b: pb.BatchConfig) -> bool:

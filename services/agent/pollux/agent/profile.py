@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from pollux.agent.report_bounds import check_values, report_weights
 from pollux.goodput import (
     UNKNOWN_GRAD,
     FitResult,
@@ -55,7 +56,11 @@ its hysteresis once, should the job see it again)."""
 
 
 def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
-    """Every problem of a report, as (field path, what to fix); empty when it is valid."""
+    """Every problem of a report, as (field path, what to fix); empty when it is valid.
+
+    Includes the bounds that need nothing but the report (`report_bounds.check_values`); the
+    ones against the job and the replica's earlier reports are the agent's.
+    """
     out: list[tuple[str, str]] = []
     if not request.job_id:
         out.append(("job_id", "must not be empty"))
@@ -71,6 +76,8 @@ def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
             value = getattr(request.gradient, name)
             if not (math.isfinite(value) and value >= 0):
                 out.append((f"gradient.{name}", "must be finite and >= 0"))
+    if count <= MAX_REPORT_OBSERVATIONS:
+        out.extend(check_values(request))
     return out
 
 
@@ -99,7 +106,10 @@ def shape_key(num_nodes: int, num_replicas: int) -> str:
 
 
 def observation_count(profile: pb.ObservationProfile) -> int:
-    """Optimizer steps observed in total: what `observations` counts in responses and models."""
+    """Optimizer steps observed in total: what `observations` counts in responses and models.
+
+    Each report counts at most `report_bounds.MAX_REPORT_STEPS` of them (its merge weight).
+    """
     return sum(obs.count for obs in profile.observations)
 
 
@@ -126,7 +136,9 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
 
     Observations of the same (nodes, replicas, local batch, accumulation steps) merge into one
     count-weighted mean, so the profile stays one row per configuration however long the job
-    runs; the latest gradient statistics replace the previous ones. The profile stays bounded:
+    runs; a report's counts are first clipped to `report_bounds.MAX_REPORT_STEPS` in all
+    (`report_bounds.report_weights`), so no report outweighs the honest ones for good. The
+    latest gradient statistics replace the previous ones. The profile stays bounded:
     at most `MAX_PROFILE_ROWS` rows and `MAX_APPLIED_SEQ` replica keys (see both).
     """
     key = f"{request.generation}/{request.rank}"
@@ -146,7 +158,8 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
     rows = {_config_of(obs): obs for obs in merged.observations}
     fit_rows = {_config_of(obs)[:3] for obs in merged.observations}
     new_configuration = False
-    for obs in request.observations:
+    weights = report_weights(request.observations)
+    for obs, weight in zip(request.observations, weights, strict=True):
         config = _config_of(obs)
         new_configuration |= config[:3] not in fit_rows
         fit_rows.add(config[:3])
@@ -154,14 +167,15 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
         if row is None:
             row = merged.observations.add()
             row.CopyFrom(obs)
+            row.count = weight
             rows[config] = row
             continue
-        total = row.count + obs.count
+        total = row.count + weight
         row.accum_step_time_s = (
-            row.accum_step_time_s * row.count + obs.accum_step_time_s * obs.count
+            row.accum_step_time_s * row.count + obs.accum_step_time_s * weight
         ) / total
         row.optim_step_time_s = (
-            row.optim_step_time_s * row.count + obs.optim_step_time_s * obs.count
+            row.optim_step_time_s * row.count + obs.optim_step_time_s * weight
         ) / total
         row.count = min(total, MAX_UINT32)
     _drop_rows(merged, {_config_of(obs) for obs in request.observations})

@@ -244,12 +244,16 @@ class ClusterMirror:
         self.replicas: PrefixMirror[pb.ReplicaStatus] = PrefixMirror(
             Kind.REPLICAS, pb.ReplicaStatus, on_change=self._changed
         )
+        self.tenants: PrefixMirror[pb.Tenant] = PrefixMirror(
+            Kind.TENANTS, pb.Tenant, on_change=self._changed
+        )
         self._mirrors: tuple[PrefixMirror[Any], ...] = (
             self.jobs,
             self.nodes,
             self.agents,
             self.models,
             self.replicas,
+            self.tenants,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -339,6 +343,7 @@ class ClusterMirror:
             agents=self.agents.values(),
             models={m.job_id: m for m in self.models.values() if m.job_id in jobs},
             replicas=[r for r in self.replicas.values() if r.job_id in jobs],
+            tenants=self.tenants.values(),
         )
 
     def state_counts(self) -> dict[int, int]:

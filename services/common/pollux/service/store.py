@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import aetcd
@@ -221,6 +221,7 @@ class Snapshot:
         agents: Registered agents.
         models: Latest job models by job id.
         replicas: Replica statuses of every job.
+        tenants: The tenants an admin defined (their guarantees, weights and caps).
     """
 
     revision: int
@@ -229,6 +230,7 @@ class Snapshot:
     agents: list[pb.Member]
     models: dict[str, pb.JobModel]
     replicas: list[pb.ReplicaStatus]
+    tenants: list[pb.Tenant] = field(default_factory=list)
 
 
 async def _cancelling(stream: Any) -> AsyncIterator[Any]:
@@ -805,6 +807,7 @@ class Store:
         agents, _ = await self.scan(k.prefix(Kind.AGENTS), pb.Member, revision=revision)
         models, _ = await self.scan(k.prefix(Kind.MODELS), pb.JobModel, revision=revision)
         replicas, _ = await self.scan(k.prefix(Kind.REPLICAS), pb.ReplicaStatus, revision=revision)
+        tenants, _ = await self.scan(k.prefix(Kind.TENANTS), pb.Tenant, revision=revision)
         return Snapshot(
             revision=revision,
             jobs={e.value.id: e for e in jobs},
@@ -812,6 +815,7 @@ class Store:
             agents=[e.value for e in agents],
             models={e.value.job_id: e.value for e in models},
             replicas=[e.value for e in replicas],
+            tenants=[e.value for e in tenants],
         )
 
     # -- typed entities ------------------------------------------------------------------------

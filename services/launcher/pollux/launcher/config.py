@@ -13,6 +13,7 @@ import re
 import socket
 from pathlib import Path
 
+from pollux.launcher.job_policy import JobPolicy
 from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
@@ -57,6 +58,8 @@ class LauncherConfig:
     """Re-check period while a new generation waits for the old one to exit on other nodes."""
     replica_history: int = 256
     """Exited replicas kept for ListReplicas and StreamLogs."""
+    job_policy: JobPolicy = dataclasses.field(default_factory=JobPolicy)
+    """What a job may ask of this node: directories, environment, user (job_policy.py)."""
 
     def label_map(self) -> dict[str, str]:
         """Labels as a dict (entries validated by `problems`)."""

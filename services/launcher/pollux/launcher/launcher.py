@@ -38,6 +38,7 @@ import itertools
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ import structlog
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.fence import fence_margin, fence_token, kill_fenced
 from pollux.launcher.gpus import Inventory
+from pollux.launcher.job_policy import give_checkpoint_dir
 from pollux.launcher.placement import (
     PlacementError,
     ReplicaPlan,
@@ -115,16 +117,28 @@ def fence_checkpoint_dir(directory: Path, generation: int) -> None:
     Written before the generation's replicas start (atomically: temporary name, rename), so a
     replica of an older generation that is still running somewhere can no longer overwrite
     the checkpoint the new generation resumes from.
+
+    The directory belongs to the replica user (job_policy), who may have planted a link or a
+    FIFO under either name: no name is followed, read past 64 bytes, or opened blocking.
     """
     path = directory / GENERATION_FILE
     try:
-        current = int(path.read_text().strip())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            current = int(os.read(fd, 64).strip()) if regular else -1
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         current = -1
     if current >= generation:
         return
     tmp = directory / f"{GENERATION_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(f"{generation}\n")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{generation}\n")
     os.replace(tmp, path)
 
 
@@ -202,6 +216,9 @@ class Launcher:
         self.passes = 0
         """Reconcile passes finished (successful or not): what "the launcher looked" means."""
         self._scan_orphans = True
+        self._uid = os.geteuid()
+        self.run_as = config.job_policy.run_as(self._uid)
+        """Whom replicas run as (job_policy), or None for the launcher's own user."""
         self.fence_token = fence_token(config.etcd.endpoint, config.etcd.root, self.node_name)
         self._keyring = JobKeyring(store)
         self.watchdog = WatchdogLink(self.fence_token, margin_s=fence_margin(config.lease_ttl_s))
@@ -239,6 +256,7 @@ class Launcher:
         """
         self.advertise = address
         await self._claim_name()
+        self._warn_about_replica_user()
         strays = kill_fenced(self.fence_token)
         if strays:
             self._log.warning("stray_replicas_killed", pids=strays)
@@ -255,6 +273,34 @@ class Launcher:
             gpus=self.inventory.count,
             gpu_type=self.inventory.gpu_type,
         )
+
+    def _warn_about_replica_user(self) -> None:
+        """Say loudly, at every start, when replicas will run as root (job_policy)."""
+        policy = self.config.job_policy
+        if self._uid != 0:
+            if policy.run_as_uid is not None and policy.run_as_uid != self._uid:
+                self._log.warning(
+                    "job_policy_run_as_ignored",
+                    run_as_uid=policy.run_as_uid,
+                    uid=self._uid,
+                    reason="the launcher is not root: replicas run as the launcher's user",
+                )
+            return
+        if self.run_as is not None and self.run_as.uid != 0:
+            self._log.info("replicas_run_as", uid=self.run_as.uid, gid=self.run_as.gid)
+        elif policy.allow_root:
+            self._log.warning(
+                "replicas_run_as_root",
+                reason="the launcher is root and job_policy.run_as_uid is unset: every job's "
+                "command runs as root on this node; set job_policy.run_as_uid (e.g. 65534) "
+                "or job_policy.allow_root = false",
+            )
+        else:
+            self._log.warning(
+                "replicas_refused_as_root",
+                reason="job_policy.allow_root = false and run_as_uid is unset: every job "
+                "this node is given fails until job_policy.run_as_uid is set",
+            )
 
     async def stop(self) -> None:
         """Stop every replica gracefully, report their exits, then deregister.
@@ -507,8 +553,19 @@ class Launcher:
         agents, _ = await self.store.list_agents()
         agent_addrs = [m.address for m in ranked(job_id, [a.value for a in agents], key=_id)]
         checkpoint_dir = self.config.checkpoint_root / job_id
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        fence_checkpoint_dir(checkpoint_dir, generation)
+        refusal = self.config.job_policy.refusal(
+            spec,
+            job_id=job_id,
+            checkpoint_root=self.config.checkpoint_root,
+            default_working_dir=self.config.default_working_dir,
+            launcher_uid=self._uid,
+        )
+        if refusal:  # nothing of it is created; its replicas exit 127 with the reason
+            self._log.warning("job_refused", job_id=job_id, reason=refusal)
+        else:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            fence_checkpoint_dir(checkpoint_dir, generation)
+            give_checkpoint_dir(checkpoint_dir, self.run_as)
         grace = float(spec.stop_grace_s or self.config.default_stop_grace_s)
         replicas = [
             Replica(
@@ -560,6 +617,8 @@ class Launcher:
                     env=replica_env(self._environ, spec, contract),
                     cwd=spec.working_dir or _optional(self.config.default_working_dir),
                     log_path=self.config.log_root / job_id / f"{generation}-{plan.rank}.log",
+                    run_as=self.run_as,
+                    refusal=refusal,
                 )
 
             self._spawn(self._supervise(replica, prepare))

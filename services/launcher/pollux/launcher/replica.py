@@ -29,6 +29,7 @@ from typing import IO
 
 import structlog
 
+from pollux.launcher.job_policy import RunAs
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -138,12 +139,18 @@ class LaunchSpec:
         env: The complete environment.
         cwd: Working directory, or None for the launcher's.
         log_path: File the output is appended to.
+        run_as: User and group to run as (no supplementary groups), or None for the
+            launcher's own (job_policy.JobPolicy.run_as).
+        refusal: Why the launcher's job policy refuses the job; when set, nothing runs and
+            the replica exits 127 with this reason in its log.
     """
 
     command: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None
     log_path: Path
+    run_as: RunAs | None = None
+    refusal: str = ""
 
 
 _SETPRIV = shutil.which("setpriv")
@@ -174,7 +181,17 @@ def with_launcher_fence(spec: LaunchSpec) -> list[str]:
         raise FileNotFoundError(errno.ENOENT, "no such executable program", program)
     if _SETPRIV is None:
         return list(spec.command)
-    return [_SETPRIV, "--pdeathsig", "KILL", "--", *spec.command]
+    identity = [] if spec.run_as is None else _setpriv_identity(spec.run_as)
+    return [_SETPRIV, *identity, "--pdeathsig", "KILL", "--", *spec.command]
+
+
+def _setpriv_identity(run_as: RunAs) -> list[str]:
+    """The options that make setpriv run the command as `run_as`, with no extra groups.
+
+    setpriv switches after the launcher's fork, in a single-threaded process, and keeps the
+    parent-death signal (set after the switch, which would otherwise clear it).
+    """
+    return [f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups"]
 
 
 class Replica:
@@ -253,9 +270,9 @@ class Replica:
     async def start(self, spec: LaunchSpec) -> None:
         """Start the process and its output pump.
 
-        A command that cannot be started (missing binary or working directory) becomes an
-        exited replica with code 127 and the reason in its log, rather than an exception:
-        the scheduler decides what a failed replica means.
+        A command that cannot be started (missing binary or working directory, or refused by
+        the launcher's job policy) becomes an exited replica with code 127 and the reason in
+        its log, rather than an exception: the scheduler decides what a failed replica means.
         """
         self._starting = True
         try:
@@ -275,6 +292,17 @@ class Replica:
             self._log.error("replica_log_unwritable", error=str(error))
             self._finish(SPAWN_FAILED)
             return
+        if spec.refusal:
+            message = f"pollux-launcher: cannot start the replica: {spec.refusal}"
+            sink.write(message + "\n")
+            sink.close()
+            self.log.append(message)
+            self._log.warning("replica_refused", reason=spec.refusal)
+            self._finish(SPAWN_FAILED)
+            return
+        # Through setpriv when there is one (with_launcher_fence); else Python switches user in
+        # the forked child, which in a threaded process (gRPC's) has been seen to crash it.
+        identity = spec.run_as if _SETPRIV is None else None
         try:
             self._process = await asyncio.create_subprocess_exec(
                 *with_launcher_fence(spec),
@@ -284,6 +312,9 @@ class Replica:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                user=None if identity is None else identity.uid,
+                group=None if identity is None else identity.gid,
+                extra_groups=None if identity is None else [],
             )
         except Exception as error:
             # Whatever the exec refused (a missing program or working dir, a NUL byte in an
@@ -298,7 +329,12 @@ class Replica:
         self.pid = self._process.pid
         self.started_at = time.time()
         self._pump = asyncio.create_task(self._run(self._process, sink))
-        self._log.info("replica_started", pid=self.pid, slot=self.slot)
+        self._log.info(
+            "replica_started",
+            pid=self.pid,
+            slot=self.slot,
+            uid=os.getuid() if spec.run_as is None else spec.run_as.uid,
+        )
 
     async def _run(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
         reader = asyncio.create_task(self._read(process, sink))

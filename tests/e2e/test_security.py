@@ -1,0 +1,80 @@
+"""The security check (benchmarks/security_check.py) against a fresh secure local cluster.
+
+Real processes over real TLS: etcd demanding client certificates, one scheduler, one agent and
+one launcher. Every attempt must be answered as a secure cluster answers it, and every kind of
+attempt the check promises must have been made (a check that silently skipped a door would
+otherwise pass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.security_check import Attempt, Target, report, run_checks
+from pollux.service.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(90)
+
+EXPECTED = {
+    "plaintext ListJobs to scheduler": "UNAVAILABLE",
+    "plaintext GetModel to agent": "UNAVAILABLE",
+    "plaintext ListReplicas to launcher": "UNAVAILABLE",
+    "plaintext Store read of etcd": "UNAVAILABLE",
+    "TLS without client certificate to launcher": "UNAVAILABLE",
+    "ListReplicas with a user certificate of the cluster CA to launcher": "PERMISSION_DENIED",
+    "TLS without client certificate to etcd": "UNAVAILABLE",
+    "TLS with a certificate of a different CA to etcd": "UNAVAILABLE",
+    "Store with a certificate of a different CA to etcd": "UNAVAILABLE",
+    "ListJobs with no token": "UNAUTHENTICATED",
+    "ListJobs with a well-formed unknown token": "UNAUTHENTICATED",
+    "ListJobs with alice's token id and a wrong secret": "UNAUTHENTICATED",
+    "ListJobs with a revoked token": "UNAUTHENTICATED",
+    "ListJobs with an expired token": "UNAUTHENTICATED",
+    "bob GetJob of alice's job": "PERMISSION_DENIED",
+    "bob CancelJob of alice's job": "PERMISSION_DENIED",
+    "bob DeleteJob of alice's job": "PERMISSION_DENIED",
+    "bob StreamLogs of alice's job": "PERMISSION_DENIED",
+    "alice's job after bob's attempts": "UNCHANGED",
+    "user bob calls admin CreateToken": "PERMISSION_DENIED",
+    "user bob calls admin PutTenant": "PERMISSION_DENIED",
+    "job A's credential on ReportMetrics for job B": "PERMISSION_DENIED",
+    "job A's credential on GetBatchConfig for job B": "PERMISSION_DENIED",
+    "a made-up job credential on ReportMetrics": "UNAUTHENTICATED",
+    "secret_env value in the alice GetJob response": "WITHHELD",
+    "secret_env value in the alice ListJobs response": "WITHHELD",
+    "(control) Store with a service certificate of the cluster CA": "OK",
+    "(control) ListReplicas with a service certificate to launcher": "OK",
+}
+"""Each attempt the issue asks for (by the start of its name) and the answer it must get."""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        tmp_path, nodes=1, gpus_per_node=1, schedulers=1, agents=1, interval_s=1.0, secure=True
+    ) as c:
+        yield c
+
+
+def test_every_attempt_on_a_secure_cluster_is_refused_as_it_should_be(
+    cluster: LocalCluster,
+) -> None:
+    attempts: list[Attempt] = asyncio.run(run_checks(Target.of_cluster(cluster)))
+    lines: list[str] = []
+    status = report(attempts, lines.append)
+    failed = [a.line() for a in attempts if not a.passed]
+    assert not failed, "\n".join(failed)
+    assert status == 0
+    assert len(lines) == len(attempts) + 1
+    for start, answer in EXPECTED.items():
+        made = [a for a in attempts if a.name.startswith(start)]
+        assert made, f"the check never tried: {start}"
+        assert {a.got for a in made} == {answer}, start
+    kinds = Counter(line.split(" as expected")[0] for line in lines[:-1])
+    assert set(kinds) == {"PASS refused", "PASS accepted", "PASS held"}
+    assert lines[-1].startswith(f"{len(attempts)}/{len(attempts)} attempts")

@@ -1,0 +1,292 @@
+"""The launcher's job policy: working and checkpoint directories, environment, replica user."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pollux.launcher.config import LauncherConfig
+from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems, give_checkpoint_dir
+from pollux.launcher.launcher import GENERATION_FILE, fence_checkpoint_dir
+from pollux.launcher.placement import ReplicaPlan, contract_env, replica_env
+from pollux.launcher.replica import LaunchSpec, with_launcher_fence
+from pollux.service.config import ConfigError, load
+from pollux.v1 import types_pb2 as pb
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to change owners)")
+
+
+def refusal(
+    policy: JobPolicy,
+    tmp_path: Path,
+    *,
+    job_id: str = "j-1",
+    default_working_dir: Path | None = None,
+    launcher_uid: int = 1000,
+    **spec: object,
+) -> str:
+    (tmp_path / "ck").mkdir(exist_ok=True)
+    return policy.refusal(
+        pb.JobSpec(name="train", command=["true"], **spec),
+        job_id=job_id,
+        checkpoint_root=tmp_path / "ck",
+        default_working_dir=default_working_dir,
+        launcher_uid=launcher_uid,
+    )
+
+
+# -- working directory --------------------------------------------------------------------------
+
+
+def test_a_working_dir_under_an_allowed_root_or_none_at_all_is_fine(tmp_path):
+    policy = JobPolicy()
+    assert refusal(policy, tmp_path) == ""
+    assert refusal(policy, tmp_path, working_dir=str(tmp_path)) == ""
+    assert refusal(policy, tmp_path, working_dir="/tmp") == ""
+    assert refusal(policy, tmp_path, working_dir="/home/alice/project") == ""
+
+
+def test_a_working_dir_outside_the_roots_is_refused_saying_what_to_do(tmp_path):
+    policy = JobPolicy(allowed_roots=(Path("/srv/jobs"), Path("/tmp")))
+    assert refusal(policy, tmp_path, working_dir="/etc") == (
+        "working_dir /etc is outside the allowed roots /srv/jobs, /tmp: set "
+        "job_policy.allowed_roots on the launcher or use a directory under them"
+    )
+    assert "/srv/jobsX" in refusal(policy, tmp_path, working_dir="/srv/jobsX")  # not a prefix
+
+
+def test_dot_dot_and_symlinks_cannot_escape_a_root(tmp_path):
+    policy = JobPolicy(allowed_roots=(tmp_path / "jobs",))
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "link").symlink_to("/etc")
+    escaped = refusal(policy, tmp_path, working_dir=str(tmp_path / "jobs" / ".." / ".."))
+    assert f"resolves to {tmp_path.parent}" in escaped
+    linked = refusal(policy, tmp_path, working_dir=str(tmp_path / "jobs" / "link" / "ssl"))
+    assert "resolves to /etc/ssl) is outside the allowed roots" in linked
+    assert refusal(policy, tmp_path, working_dir=str(tmp_path / "jobs" / "a" / ".." / "b")) == ""
+
+
+def test_a_root_given_through_a_symlink_is_resolved_too(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    policy = JobPolicy(allowed_roots=(tmp_path / "alias",))
+    assert refusal(policy, tmp_path, working_dir=str(tmp_path / "real" / "run")) == ""
+
+
+def test_the_launchers_default_working_dir_is_allowed(tmp_path):
+    policy = JobPolicy(allowed_roots=())
+    assert refusal(policy, tmp_path, working_dir="/opt/jobs/a") != ""
+    assert (
+        refusal(policy, tmp_path, working_dir="/opt/jobs/a", default_working_dir=Path("/opt/jobs"))
+        == ""
+    )
+
+
+@pytest.mark.parametrize(
+    ("working_dir", "want"),
+    [("runs/a", "is not an absolute path"), ("/tmp/a\0b", "contains a NUL byte")],
+    ids=["relative", "NUL byte"],
+)
+def test_malformed_working_dirs_are_refused(tmp_path, working_dir, want):
+    assert want in refusal(JobPolicy(), tmp_path, working_dir=working_dir)
+
+
+# -- checkpoint directory -------------------------------------------------------------------------
+
+
+def test_the_checkpoint_dir_must_be_one_component_resolving_inside_its_root(tmp_path):
+    root = tmp_path / "ck"
+    root.mkdir()
+    assert checkpoint_problems("j-1", root) == []
+    for job_id in ("..", ".", "a/b", "../etc", ""):
+        assert "is not one path component" in checkpoint_problems(job_id, root)[0]
+    (root / "j-evil").symlink_to("/etc")
+    (problem,) = checkpoint_problems("j-evil", root)
+    assert problem == (
+        f"checkpoint directory {root}/j-evil resolves to /etc, outside the checkpoint root "
+        f"{root}: remove the link at {root}/j-evil"
+    )
+    assert refusal(JobPolicy(), tmp_path, job_id="j-evil") == problem
+
+
+@as_root
+def test_the_checkpoint_dir_is_given_to_the_replica_user_never_through_a_link(tmp_path):
+    directory = tmp_path / "j-1"
+    directory.mkdir()
+    give_checkpoint_dir(directory, RunAs(65534, 65534))
+    assert (directory.stat().st_uid, directory.stat().st_gid) == (65534, 65534)
+    give_checkpoint_dir(directory, None)  # the launcher's own user: nothing to change
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(NotADirectoryError):
+        give_checkpoint_dir(tmp_path / "link", RunAs(65534, 65534))
+    assert target.stat().st_uid == os.geteuid()
+
+
+def test_the_generation_fence_follows_no_link_the_replica_user_planted(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    directory = tmp_path / "j-1"
+    directory.mkdir()
+    (directory / f"{GENERATION_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    (directory / GENERATION_FILE).symlink_to(victim)
+    fence_checkpoint_dir(directory, 3)
+    assert victim.read_text() == "precious\n"
+    assert not (directory / GENERATION_FILE).is_symlink()
+    assert (directory / GENERATION_FILE).read_text() == "3\n"
+    os.mkfifo(directory / "fifo")
+    os.replace(directory / "fifo", directory / GENERATION_FILE)
+    fence_checkpoint_dir(directory, 4)  # a FIFO is not read (it would block), just replaced
+    assert (directory / GENERATION_FILE).read_text() == "4\n"
+    fence_checkpoint_dir(directory, 2)  # never lowered
+    assert (directory / GENERATION_FILE).read_text() == "4\n"
+
+
+# -- environment ----------------------------------------------------------------------------------
+
+
+def test_loader_variables_are_refused_in_env_and_secret_env(tmp_path):
+    reason = refusal(
+        JobPolicy(),
+        tmp_path,
+        env={"LD_PRELOAD": "/tmp/x.so", "LR": "0.1", "PYTHONPATH": "/srv/code"},
+        secret_env={"LD_AUDIT": "/tmp/a.so", "GLIBC_TUNABLES": "x", "TOKEN": "s"},
+    )
+    problems = reason.split("; ")
+    assert [p.split(" is refused, ")[0] for p in problems] == [
+        "env variable LD_PRELOAD",
+        "secret_env variable GLIBC_TUNABLES",
+        "secret_env variable LD_AUDIT",
+    ]
+    assert "load other code: set it in the job's command instead" in problems[0]
+    assert "job_policy.allow_env" in problems[0]
+
+
+def test_allow_env_lifts_the_loader_rule_and_deny_env_adds_names_and_prefixes(tmp_path):
+    policy = JobPolicy(allow_env=("LD_LIBRARY_PATH",), deny_env=("AWS_*", "HTTP_PROXY"))
+    env = {"LD_LIBRARY_PATH": "/opt/cuda/lib64", "LD_PRELOAD": "x", "AWS_SECRET": "s"}
+    assert policy.env_problems({**env, "HTTP_PROXY": "p", "HTTPS_PROXY": "p"}, "env") == [
+        "env variable AWS_SECRET is refused, as job_policy.deny_env on the launcher names it: "
+        "drop it from the job",
+        "env variable HTTP_PROXY is refused, as job_policy.deny_env on the launcher names it: "
+        "drop it from the job",
+        "env variable LD_PRELOAD is refused, as it makes programs the launcher starts load "
+        "other code: set it in the job's command instead (env NAME=value program …) or have "
+        "the operator add it to job_policy.allow_env",
+    ]
+    assert "LD_LIBRARY_PATH" in JobPolicy().env_problems(env, "env")[0]
+
+
+def test_reserved_variables_are_refused_and_the_contract_always_wins(tmp_path):
+    assert "POLLUX_* is reserved" in refusal(JobPolicy(), tmp_path, env={"POLLUX_NODE_FENCE": "x"})
+    # The contract's other names may be set (for runs outside Pollux) but never win.
+    spec = pb.JobSpec(env={"RANK": "9", "MASTER_ADDR": "evil", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert JobPolicy().env_problems(spec.env, "env") == []
+    plan = ReplicaPlan(0, 0, 1, 1, 1, "10.0.0.1", 29500, 1)
+    contract = contract_env(
+        plan,
+        job_id="j-1",
+        generation=1,
+        agent_addrs=[],
+        checkpoint_dir="/ck",
+        cuda=True,
+        fence_token="n1@x",
+    )
+    env = replica_env({}, spec, contract)
+    assert (env["RANK"], env["MASTER_ADDR"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "10.0.0.1", "1")
+    assert env["POLLUX_NODE_FENCE"] == "n1@x"
+
+
+# -- replica user ---------------------------------------------------------------------------------
+
+
+def test_replicas_run_as_the_configured_user_only_under_a_root_launcher():
+    policy = JobPolicy(run_as_uid=65534)
+    assert policy.run_as(1000) is None  # not root: replicas run as the launcher
+    assert policy.run_as(0) == RunAs(65534, pwd.getpwuid(65534).pw_gid)
+    assert JobPolicy(run_as_uid=65534, run_as_gid=100).run_as(0) == RunAs(65534, 100)
+    unknown = 4_000_000
+    with pytest.raises(KeyError):
+        pwd.getpwuid(unknown)
+    assert JobPolicy(run_as_uid=unknown).run_as(0) == RunAs(unknown, unknown)
+    assert JobPolicy().run_as(0) is None  # unset: root, with a warning at start
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
+def test_setpriv_switches_the_user_and_keeps_the_parent_death_signal(tmp_path):
+    spec = LaunchSpec(["true"], {"PATH": os.defpath}, None, tmp_path / "log")
+    as_nobody = dataclasses.replace(spec, run_as=RunAs(65534, 65533))
+    assert with_launcher_fence(as_nobody)[1:] == [
+        "--reuid=65534",
+        "--regid=65533",
+        "--clear-groups",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "true",
+    ]
+    assert with_launcher_fence(spec)[1:] == ["--pdeathsig", "KILL", "--", "true"]
+
+
+def test_allow_root_false_refuses_every_job_of_a_root_launcher_without_a_user(tmp_path):
+    strict = JobPolicy(allow_root=False)
+    reason = refusal(strict, tmp_path, launcher_uid=0)
+    assert "set job_policy.run_as_uid on the launcher (e.g. 65534, nobody)" in reason
+    assert refusal(strict, tmp_path, launcher_uid=1000) == ""
+    assert refusal(JobPolicy(allow_root=False, run_as_uid=65534), tmp_path, launcher_uid=0) == ""
+    assert refusal(JobPolicy(), tmp_path, launcher_uid=0) == ""  # the compatible default
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_invalid_settings_are_each_reported():
+    policy = JobPolicy(
+        allowed_roots=(Path("jobs"),),
+        deny_env=("A-B", "OK_*"),
+        allow_env=("LD_*",),
+        run_as_uid=-1,
+        run_as_gid=2**32,
+    )
+    assert [p.split(":")[0] for p in policy.problems()] == [
+        "allowed_roots",
+        "deny_env",
+        "allow_env",
+        "run_as_uid",
+        "run_as_gid",
+    ]
+    assert JobPolicy(run_as_gid=5).problems() == [
+        "run_as_gid: set run_as_uid too (a group alone changes nothing)"
+    ]
+    assert JobPolicy(run_as_uid=0, allow_root=False).problems() == [
+        "run_as_uid: 0 is root, which allow_root = false forbids"
+    ]
+    assert JobPolicy().problems() == []
+
+
+def test_the_section_loads_from_toml_and_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "launcher.toml"
+    path.write_text(
+        '[job_policy]\nallowed_roots = ["/srv/jobs", "/tmp"]\ndeny_env = ["AWS_*"]\n'
+        "allow_root = false\n"
+    )
+    monkeypatch.setenv("POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID", "65534")
+    config = load(LauncherConfig, path, "POLLUX_LAUNCHER")
+    assert config.job_policy == JobPolicy(
+        allowed_roots=(Path("/srv/jobs"), Path("/tmp")),
+        deny_env=("AWS_*",),
+        run_as_uid=65534,
+        allow_root=False,
+    )
+    monkeypatch.setenv("POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID", "0")
+    with pytest.raises(ConfigError) as caught:
+        load(LauncherConfig, path, "POLLUX_LAUNCHER")
+    assert caught.value.problems == [
+        "job_policy.run_as_uid: 0 is root, which allow_root = false forbids"
+    ]
