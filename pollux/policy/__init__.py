@@ -10,6 +10,7 @@ from pollux.policy.types import (
     OracleInfo,
     Policy,
     PolicyInputError,
+    TenantSpec,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "OracleInfo",
     "Policy",
     "PolicyInputError",
+    "TenantSpec",
 ]

@@ -11,8 +11,9 @@ from pollux.policy.types import Allocation, ClusterState, PolicyInputError
 def validate_state(state: ClusterState) -> None:
     """Reject a snapshot no policy can act on, naming the offending field.
 
-    Checks: unique node and job names, positive GPU counts, replica bounds, and that current
-    allocations name known nodes without exceeding any node's GPUs.
+    Checks: unique node, tenant and job names, positive GPU counts, replica bounds, and that
+    current allocations name known nodes without exceeding any node's GPUs. (Each `TenantSpec`
+    checks its own fields when it is built.)
     """
     names = [n.name for n in state.nodes]
     if len(set(names)) != len(names):
@@ -22,6 +23,10 @@ def validate_state(state: ClusterState) -> None:
     for node in state.nodes:
         if not isinstance(node.gpus, int) or node.gpus < 1:
             raise PolicyInputError(f"nodes[{node.name}].gpus", f"must be ≥ 1, got {node.gpus}")
+    tenants = [t.name for t in state.tenants]
+    if len(set(tenants)) != len(tenants):
+        dup = next(n for n, c in Counter(tenants).items() if c > 1)
+        raise PolicyInputError("tenants", f"tenant name {dup!r} appears more than once")
     jobs = [j.name for j in state.jobs]
     if len(set(jobs)) != len(jobs):
         dup = next(n for n, c in Counter(jobs).items() if c > 1)

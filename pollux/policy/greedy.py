@@ -11,6 +11,10 @@ Three phases over a `Problem`:
 3. **Fill.** GPUs left idle by fragmentation go to the growth moves with the best exact gain.
 
 Every phase is deterministic: ties go to the earlier job and node in the snapshot's order.
+
+With tenants (`tenants.Quota`), every phase also keeps each tenant within its GPU budget: a
+jump, growth or trade that would take a tenant past it is not considered. Without them
+(`quota=None`) no phase checks anything more than before.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pollux.policy.problem import Problem
+from pollux.policy.tenants import Quota
 from pollux.policy.valuation import utility
 
 FloatArray = npt.NDArray[np.float64]
@@ -30,23 +35,28 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-def search(problem: Problem) -> IntArray:
+def search(problem: Problem, quota: Quota | None = None) -> IntArray:
     """The jobs × nodes matrix the phases choose, then improved by local search.
 
     Counts chosen without regard to packing can strand GPUs (three distributed jobs of 9-10
     GPUs need 9 whole nodes of 4). When placement could not realise them, counts with
     distributed jobs in whole nodes (which always pack) are tried too, and the better by the
-    objective wins.
+    objective wins. `quota`: each tenant's budget, kept by every phase; GPUs still idle at the
+    end are lent to tenants below their caps.
     """
     candidates = []
     for whole_nodes in (False, True):
-        counts, keep = choose_counts(problem, whole_nodes=whole_nodes)
+        counts, keep = choose_counts(problem, whole_nodes=whole_nodes, quota=quota)
         placed = place(problem, counts, keep)
-        candidates.append(fill(problem, placed))
+        candidates.append(fill(problem, placed, quota))
         if placed.sum() == counts.sum():
             break  # everything packed: the whole-node strategy has nothing to fix
     best = max(candidates, key=lambda placed: total_utility(problem, placed))
-    return improve(problem, best)
+    if quota is None:
+        return improve(problem, best)
+    # Work-conserving: GPUs no tenant could use within its budget go to any that can, up to
+    # its cap (they are back in the split next round).
+    return fill(problem, improve(problem, best, quota), quota.lent())
 
 
 def total_utility(problem: Problem, placed: IntArray) -> float:
@@ -73,6 +83,8 @@ def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[Flo
     ks = np.arange(jobs.size) - np.repeat(np.cumsum(tops) - tops, tops) + 1
     speed = problem.speedups.lookup(jobs, problem.consolidated_nodes(ks), ks)
     table[jobs, ks] = utility(problem.scale * speed * problem.penalty[jobs] + eps, p)
+    if problem.weight is not None:
+        table *= problem.weight[:, None]
     k_cur = problem.current_k
     stays = np.nonzero((k_cur > 0) & (k_cur <= tops))[0]
     stay = staying[stays]
@@ -89,7 +101,9 @@ def count_utilities(problem: Problem, *, whole_nodes: bool = False) -> tuple[Flo
     return table, keep
 
 
-def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntArray, BoolArray]:
+def choose_counts(
+    problem: Problem, *, whole_nodes: bool = False, quota: Quota | None = None
+) -> tuple[IntArray, BoolArray]:
     """Greedy: repeatedly make the jump (job, new size) with the best utility gain per GPU.
 
     Two budgets are kept: GPUs, and — with interference avoidance — nodes for distributed
@@ -97,8 +111,8 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
     ceil(K / G) nodes of its own; single-node jobs may fill their leftover GPUs).
 
     With `whole_nodes`, jobs larger than a node may only take whole nodes (or keep their
-    current size). Returns the counts and, per job, whether staying exactly where it is beat
-    re-placing it.
+    current size). With a `quota`, a third budget per tenant. Returns the counts and, per job,
+    whether staying exactly where it is beat re-placing it.
 
     Each job's best jump is kept in a heap and recomputed only when the job grows or when the
     jump no longer fits the budgets as it reaches the top: budgets only shrink, so a jump that
@@ -111,11 +125,12 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
     sizes = np.arange(width)
     node_need = distributed_nodes(problem, sizes)
     free_nodes = len(problem.node_names)
+    spare = _Spare(quota)
 
     def best_jumps(rows: IntArray) -> tuple[FloatArray, IntArray]:
         jump = sizes[None, :] - counts[rows, None]
         more_nodes = node_need[None, :] - node_need[counts[rows], None]
-        ok = (jump > 0) & (jump <= free) & (more_nodes <= free_nodes)
+        ok = (jump > 0) & (jump <= free) & (more_nodes <= free_nodes) & spare.allows(jump, rows)
         here = table[rows, counts[rows]][:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
             gain = np.where(ok, (table[rows] - here) / np.where(ok, jump, 1), -np.inf)
@@ -124,7 +139,7 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
 
     def best_jump(j: int, now: int) -> tuple[float, int]:
         """`best_jumps` of one job at size `now`: the jumps that fit are sizes now+1 … top."""
-        top = min(now + free, width - 1)
+        top = min(now + free, now + spare.room(j), width - 1)
         top = min(top, int(np.searchsorted(node_need, node_need[now] + free_nodes, "right")) - 1)
         if top <= now:
             return -math.inf, 0
@@ -142,12 +157,16 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
     while free > 0 and heap:
         loss, j = heap[0]
         target, now = targets[j], count[j]
-        if target - now > free or node_need[target] - node_need[now] > free_nodes:
+        if (
+            target - now > min(free, spare.room(j))
+            or node_need[target] - node_need[now] > free_nodes
+        ):
             gain, targets[j] = best_jump(j, now)  # its jump no longer fits
             heapq.heapreplace(heap, (-gain, j))
             continue
         if not -loss > 0:
             break
+        spare.take(j, target - now)
         free -= target - now
         free_nodes -= int(node_need[target] - node_need[now])
         count[j] = target
@@ -155,6 +174,31 @@ def choose_counts(problem: Problem, *, whole_nodes: bool = False) -> tuple[IntAr
         heapq.heapreplace(heap, (-gain, j))
     counts[:] = count
     return counts, keep
+
+
+class _Spare:
+    """GPUs each job's tenant may still take in the count phase (no limit without a quota)."""
+
+    def __init__(self, quota: Quota | None) -> None:
+        self.quota = quota
+        self.owner = quota.of_job.tolist() if quota is not None else []
+        self.left = quota.budget.tolist() if quota is not None else []
+
+    def room(self, j: int) -> float:
+        """What job j's tenant may still take."""
+        return self.left[self.owner[j]] if self.quota is not None else math.inf
+
+    def take(self, j: int, gpus: int) -> None:
+        """Job j's tenant takes `gpus` more."""
+        if self.quota is not None:
+            self.left[self.owner[j]] -= gpus
+
+    def allows(self, jump: IntArray, rows: IntArray) -> BoolArray | bool:
+        """Whether each job of `rows` may jump by `jump` (rows × sizes) within its budget."""
+        if self.quota is None:
+            return True
+        left = np.array(self.left, dtype=np.int64)[self.quota.of_job[rows]]
+        return np.asarray(jump <= left[:, None])
 
 
 def distributed_nodes(problem: Problem, sizes: IntArray) -> IntArray:
@@ -315,8 +359,10 @@ def _single(size: int, node: int, k: int) -> IntArray:
 # -- phase 3: fill idle GPUs ----------------------------------------------------------------
 
 
-def fill(problem: Problem, placed: IntArray) -> IntArray:
+def fill(problem: Problem, placed: IntArray, quota: Quota | None = None) -> IntArray:
     """Give GPUs left idle to the growth moves with the best exact utility gain per GPU.
+
+    With a `quota`, a job grows only as far as its tenant's budget allows.
 
     Each pass values every job's growth options in one batch: nothing changes within a pass,
     and the best move is the first largest gain in job order, as if judged one by one.
@@ -326,7 +372,7 @@ def fill(problem: Problem, placed: IntArray) -> IntArray:
         if placed[j].any():
             cluster.assign(j, placed[j].copy())
     while cluster.free.sum() > 0:
-        idle = _Idle.of(problem, cluster)
+        idle = _Idle.of(problem, cluster, quota)
         jobs: list[int] = []
         rows: list[IntArray] = []
         growing: list[int] = []
@@ -379,8 +425,8 @@ class _Idle:
     blocked: BoolArray
 
     @classmethod
-    def of(cls, problem: Problem, cluster: Cluster) -> _Idle:
-        """The state of `cluster` now."""
+    def of(cls, problem: Problem, cluster: Cluster, quota: Quota | None = None) -> _Idle:
+        """The state of `cluster` now; with a `quota`, room stops at the tenant's budget."""
         free, placed, owner = cluster.free, cluster.placed, cluster.owner
         nodes = np.nonzero(free > 0)[0]
         avoid = problem.params.interference_avoidance
@@ -390,13 +436,17 @@ class _Idle:
         if avoid:
             others = (owner >= 0) & (owner != problem.every_job[:, None])
             blocked = ((placed > 0) & others).any(axis=1)
+        room = problem.max_k - held
+        if quota is not None:
+            spare = quota.budget - quota.usage(held)
+            room = np.minimum(room, spare[quota.of_job])
         return cls(
             total=int(free.sum()),
             nodes=nodes.tolist(),
             spread=spread[np.lexsort((spread, -free[spread]))].tolist(),
             held=held,
             spans=np.count_nonzero(placed, axis=1),
-            room=problem.max_k - held,
+            room=room,
             moved=(placed != problem.current).any(axis=1),
             blocked=blocked,
         )
@@ -479,7 +529,7 @@ class _Deltas:
     move: tuple[float, IntArray] | None
 
 
-def improve(problem: Problem, placed: IntArray) -> IntArray:
+def improve(problem: Problem, placed: IntArray, quota: Quota | None = None) -> IntArray:
     """Apply the best improving move, repeatedly, until none is left (or the budget is spent).
 
     Phases 1–3 cannot trade GPUs between jobs that share a node, nor move a small job out of
@@ -487,7 +537,8 @@ def improve(problem: Problem, placed: IntArray) -> IntArray:
     change of the objective: *trade* d GPUs on a node from one job to another (or to a job
     without GPUs), and *make room*: a single-node job moves wholly onto free GPUs elsewhere
     and another job takes the GPUs it left. Only the jobs a move touches are re-evaluated,
-    and only the nodes they hold are searched again.
+    and only the nodes they hold are searched again. With a `quota`, a move that gives a
+    tenant GPUs beyond its budget is not considered.
     """
     cluster = Cluster.empty(problem)
     for j in range(problem.num_jobs):
@@ -495,7 +546,7 @@ def improve(problem: Problem, placed: IntArray) -> IntArray:
             cluster.assign(j, placed[j].copy())
     here = problem.utilities(cluster.placed)
     deltas = _all_deltas(problem, cluster, here, list(range(problem.num_jobs)))
-    moves = _Moves(problem, cluster)
+    moves = _Moves(problem, cluster, quota)
     for _ in range(MOVE_BUDGET * len(problem.node_names)):
         move = moves.best(deltas)
         if move is None:
@@ -505,6 +556,8 @@ def improve(problem: Problem, placed: IntArray) -> IntArray:
         for j, row in move:
             cluster.assign(j, row)
             here[j] = problem.values(j, row)[0]
+            if moves.held is not None:
+                moves.held[j] = int(row.sum())
         touched = sorted(held_before)
         if not np.array_equal(free_before, cluster.free):
             touched = list(range(problem.num_jobs))  # relocations depend on free GPUs
@@ -660,9 +713,13 @@ class _Moves:
     the move a search over every node would find.
     """
 
-    def __init__(self, problem: Problem, cluster: Cluster) -> None:
+    def __init__(self, problem: Problem, cluster: Cluster, quota: Quota | None = None) -> None:
         self.problem = problem
         self.cluster = cluster
+        self.quota = quota
+        # With a quota: GPUs per job (kept up to date by `improve`) and the last tenant state.
+        self.held = cluster.placed.sum(axis=1) if quota is not None else None
+        self.limits: _Limits | None = None
         self.gain = np.full(len(problem.node_names), -np.inf)
         self.move: list[list[tuple[int, IntArray]] | None] = [None] * self.gain.size
         self.stale = np.ones(self.gain.size, dtype=bool)
@@ -681,11 +738,21 @@ class _Moves:
         if self.idle is None or not all(map(np.array_equal, idle, self.idle)):
             self.stale[:] = True  # every node may trade with a job without GPUs
         self.idle = idle
+        limits = None
+        if self.quota is not None and self.held is not None:
+            limits = _Limits.of(self.quota, self.held, deltas, self.problem.gpus_per_node)
+            if self.limits is None or not limits.same(self.limits):
+                self.stale[:] = True  # what every tenant may take has changed
+            self.limits = limits
         held = self.cluster.placed.sum(axis=0) > 0
         for node in np.nonzero(self.stale)[0].tolist():
             self.gain[node], self.move[node] = -np.inf, None
             if held[node]:
-                gain, move = _node_move(self.cluster, deltas, idle, node)
+                gain, move = (
+                    _node_move(self.cluster, deltas, idle, node)
+                    if limits is None
+                    else _node_move_within(self.cluster, deltas, node, limits)
+                )
                 if move is not None:
                     self.gain[node], self.move[node] = gain, move
         self.stale[:] = False
@@ -727,6 +794,98 @@ def _node_move(
                         (who, _grown(cluster, who, node, held)),
                     ]
     return best_gain, best_move
+
+
+def _node_move_within(
+    cluster: Cluster, deltas: list[_Deltas], node: int, limits: _Limits
+) -> tuple[float, list[tuple[int, IntArray]] | None]:
+    """`_node_move` under tenant budgets: a taker's tenant must have room for what it takes.
+
+    A trade within one tenant leaves its total unchanged; a make-room move adds the GPUs the
+    taker takes (the giver keeps its own, moved elsewhere). Jobs without GPUs compete per
+    tenant. (A copy of `_node_move`'s loop rather than a shared one: the check would slow the
+    single-pool search, which runs on every round.)
+    """
+    best_gain, best_move = _MIN_GAIN, None
+    holders = np.nonzero(cluster.placed[:, node])[0].tolist()
+    of_job, spare = limits.of_job, limits.spare
+    for giver in holders:
+        losses = deltas[giver].lose.get(node)
+        relocation = deltas[giver].move
+        held = int(cluster.placed[giver, node])
+        takers: list[tuple[int, FloatArray | None, IntArray | None, int]] = [
+            (t, deltas[t].gain.get(node), None, of_job[t]) for t in holders if t != giver
+        ]
+        takers += [(-1, *best) for best in limits.idle]  # -1: the best job without GPUs
+        for taker, gains, idle_job, tenant in takers:
+            if gains is None:
+                continue
+            room = spare[tenant]
+            trades = gains.size if tenant == of_job[giver] else min(gains.size, room + 1)
+            if losses is not None:
+                top = min(losses.size, trades)
+                total = losses[1:top] + gains[1:top]
+                if total.size and total.max() > best_gain:
+                    d = int(np.argmax(total)) + 1
+                    best_gain = float(total.max())
+                    who = taker if idle_job is None else int(idle_job[d])
+                    best_move = _trade(cluster, node, giver, who, d)
+            if held <= room and relocation is not None and held < gains.size:
+                total_room = relocation[0] + gains[held]
+                if total_room > best_gain:
+                    best_gain = float(total_room)
+                    who = taker if idle_job is None else int(idle_job[held])
+                    best_move = [
+                        (giver, relocation[1]),
+                        (who, _grown(cluster, who, node, held)),
+                    ]
+    return best_gain, best_move
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """What each tenant may still take during the local search.
+
+    Attributes:
+        of_job: Each job's tenant.
+        spare: GPUs each tenant may still take before it reaches its budget.
+        idle: Per tenant with a job without GPUs: (gain, job) per amount, as `_best_idle`
+            gives for all jobs, and the tenant.
+    """
+
+    of_job: list[int]
+    spare: list[int]
+    idle: list[tuple[FloatArray, IntArray, int]]
+
+    @classmethod
+    def of(cls, quota: Quota, held: IntArray, deltas: list[_Deltas], width: int) -> _Limits:
+        """The limits with jobs holding `held` GPUs."""
+        count = quota.budget.size
+        gain = np.full((count, width + 1), -np.inf)
+        job = np.full((count, width + 1), -1, dtype=np.int64)
+        of_job = quota.of_job.tolist()
+        for j, delta in enumerate(deltas):
+            start = delta.start
+            if start.size == 0:
+                continue
+            t = of_job[j]
+            better = np.nonzero(start > gain[t, : start.size])[0]
+            gain[t, better] = start[better]
+            job[t, better] = j
+        idle = [(gain[t], job[t], t) for t in range(count) if (job[t] >= 0).any()]
+        spare = (quota.budget - quota.usage(held)).tolist()
+        return cls(of_job, spare, idle)
+
+    def same(self, other: _Limits) -> bool:
+        """Whether every move allowed under `other` is allowed, and valued, alike here."""
+        return (
+            self.spare == other.spare
+            and len(self.idle) == len(other.idle)
+            and all(
+                a[2] == b[2] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+                for a, b in zip(self.idle, other.idle, strict=True)
+            )
+        )
 
 
 def _best_idle(problem: Problem, deltas: list[_Deltas]) -> tuple[FloatArray, IntArray]:

@@ -4,6 +4,10 @@ The objective (`problem.py`) is the published one; the optimiser is selectable: 
 marginal-gain solver (`greedy.py`, default: milliseconds per round) or the published NSGA-II
 (`nsga2.py`: about a second per round), kept as the baseline the greedy one is measured
 against (benchmarks/policy_latency.py).
+
+With tenants in the state, a first level splits the GPUs among them (guarantees, caps, goodput
+shares by weight: `tenants.py`) and the greedy search keeps each within its budget; without
+them the round is exactly the single-pool one. NSGA-II does not support tenants.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from typing import Literal
 
 import numpy as np
 
-from pollux.policy import greedy, nsga2
+from pollux.policy import greedy, nsga2, tenants
 from pollux.policy.allocation import validate_state
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.problem import PolluxParams, Problem, TenantShares
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
 
 __all__ = ["Optimizer", "PolluxParams", "PolluxPolicy"]
@@ -47,6 +51,10 @@ class PolluxPolicy:
     ) -> AllocationDecision:
         """Choose every job's allocation for this round."""
         validate_state(state)
+        if state.tenants and self.optimizer == "nsga2":
+            raise PolicyInputError(
+                "tenants", "the nsga2 optimizer does not support tenants; use optimizer='greedy'"
+            )
         if not state.nodes:
             # A cluster with no registered node (yet): every job waits.
             return AllocationDecision(
@@ -63,4 +71,11 @@ class PolluxPolicy:
             previous = memory if isinstance(memory, nsga2.NsgaMemory) else None
             placed, front = nsga2.search(problem, rng, previous, self.nsga)
             return replace(problem.decision(placed), memory=front)
+        if state.tenants:
+            quota = (
+                tenants.weigh(problem)
+                if self.params.tenant_shares is TenantShares.WEIGHTS
+                else tenants.plan(problem, greedy.count_utilities(problem)[0])
+            )
+            return tenants.explained(problem.decision(greedy.search(problem, quota)), quota)
         return problem.decision(greedy.search(problem))

@@ -6,6 +6,7 @@ published NSGA-II in `nsga2.py`), so that they differ only in how they search.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -31,6 +32,21 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
+class TenantShares(enum.Enum):
+    """How the policy gives busy tenants their goodput shares (`tenants.py`).
+
+    Attributes:
+        BUDGETS: Two levels: GPU budgets by weighted max-min fairness in goodput, then the
+            per-job search within them.
+        WEIGHTS: One level: each job's utility is weighted by its tenant's entitlement per
+            job, so the power mean itself splits goodput by entitlement; budgets only
+            enforce guarantees and caps.
+    """
+
+    BUDGETS = "budgets"
+    WEIGHTS = "weights"
+
+
 @dataclass(frozen=True, slots=True)
 class PolluxParams:
     """Knobs of the Pollux objective; the defaults are the published configuration.
@@ -43,6 +59,7 @@ class PolluxParams:
         interference_avoidance: At most one distributed job per node.
         max_nodes_per_job: Most nodes one job may span (the artifact uses 16); None: no cap.
         epsilon: Offset added to scaled speedups so a job without GPUs weighs 1/epsilon.
+        tenant_shares: How busy tenants get their goodput shares (only with tenants).
     """
 
     p: float = -1.0
@@ -51,6 +68,7 @@ class PolluxParams:
     interference_avoidance: bool = True
     max_nodes_per_job: int | None = 16
     epsilon: float = 1e-3
+    tenant_shares: TenantShares = TenantShares.BUDGETS
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.p):
@@ -113,6 +131,8 @@ class Problem:
         )
         self.speedup = self.speedups.jobs
         self.every_job = np.arange(self.num_jobs)
+        # Per-job factor on the utility (tenants' WEIGHTS mode); None: every job alike.
+        self.weight: FloatArray | None = None
 
     # -- valuation -----------------------------------------------------------------------
 
@@ -122,7 +142,8 @@ class Problem:
         speed = self.speedup[j](np.count_nonzero(rows, axis=1), rows.sum(axis=1))
         changed = (rows != self.current[j]).any(axis=1)
         factor = np.where(changed, self.penalty[j], 1.0)
-        return utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
+        values = utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
+        return values if self.weight is None else values * self.weight[j]
 
     def values_at(
         self,
@@ -138,7 +159,8 @@ class Problem:
         """
         speed = self.speedups.lookup(jobs, nodes, replicas, calls)
         factor = np.where(changed, self.penalty[jobs], 1.0)
-        return utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
+        values = utility(self.scale * speed * factor + self.params.epsilon, self.params.p)
+        return values if self.weight is None else values * self.weight[jobs]
 
     def row_values(
         self, j: int, spans: list[int], sizes: list[int], changed: list[bool]
@@ -154,7 +176,8 @@ class Problem:
             speed = self.speedup[j](np.array(spans), np.array(sizes)).tolist()
         penalty, scale, eps = float(self.penalty[j]), self.scale, self.params.epsilon
         x = [scale * s * (penalty if c else 1.0) + eps for s, c in zip(speed, changed, strict=True)]
-        return utility(np.array(x), self.params.p)
+        values = utility(np.array(x), self.params.p)
+        return values if self.weight is None else values * self.weight[j]
 
     def utilities(self, placed: IntArray) -> FloatArray:
         """Utility w_p of every job under a whole jobs × nodes matrix."""

@@ -4,11 +4,13 @@ A policy is a pure function of a `ClusterState` snapshot, the `memory` it return
 and a random generator: no clock, ids or randomness of its own, so that the simulator and the
 scheduler service get the same decision from the same inputs, and a recorded decision can be
 replayed. Allocations name a node per replica; the same node repeated means several replicas
-(GPUs) on it.
+(GPUs) on it. Tenants (teams with GPU guarantees, weights and caps) are optional: a state
+without them is scheduled exactly as before they existed (`pollux.policy.tenants`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -80,6 +82,8 @@ class JobInfo:
         target_replicas: A fixed GPU demand (Tiresias runs jobs at exactly this size).
         target_batch_size: A fixed total batch size (baselines that do not adapt it).
         oracle: Step times and remaining work (Optimus+Oracle).
+        tenant: Name of the tenant (team) the job belongs to; "" or a name no `TenantSpec`
+            defines puts it in the implicit default tenant (`pollux.policy.tenants`).
     """
 
     name: str
@@ -93,6 +97,55 @@ class JobInfo:
     target_replicas: int | None = None
     target_batch_size: int | None = None
     oracle: OracleInfo | None = None
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """A tenant (team) sharing the cluster, as an administrator defines it.
+
+    Guarantees may add up to more than the cluster's GPUs (a cluster shrinks when nodes fail,
+    and a fixed tenant table must not stop scheduling then): they are scaled down in
+    proportion until they fit (`pollux.policy.tenants.entitlements`).
+
+    Attributes:
+        name: Unique, non-empty tenant name ("" is the implicit default tenant).
+        guarantee_gpus: GPUs the tenant gets whenever its jobs can use them, ≥ 0.
+        weight: Its share of the unguaranteed GPUs' goodput relative to other tenants, > 0.
+        cap_gpus: Most GPUs it may hold at once, ≥ guarantee_gpus; 0 or None: no cap.
+
+    Raises:
+        PolicyInputError: A field is out of range.
+    """
+
+    name: str
+    guarantee_gpus: int = 0
+    weight: float = 1.0
+    cap_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        where = f"tenants[{self.name}]"
+        if not isinstance(self.name, str) or not self.name:
+            raise PolicyInputError("tenants[].name", "must be a non-empty string")
+        if not isinstance(self.guarantee_gpus, int) or self.guarantee_gpus < 0:
+            raise PolicyInputError(
+                f"{where}.guarantee_gpus", f"must be an integer ≥ 0, got {self.guarantee_gpus}"
+            )
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise PolicyInputError(f"{where}.weight", f"must be finite and > 0, got {self.weight}")
+        cap = self.cap_gpus
+        if cap is not None and (not isinstance(cap, int) or cap < 0):
+            raise PolicyInputError(f"{where}.cap_gpus", f"must be an integer ≥ 0, got {cap}")
+        if cap and cap < self.guarantee_gpus:
+            raise PolicyInputError(
+                f"{where}.cap_gpus",
+                f"cap {cap} is below the guarantee {self.guarantee_gpus} (0 or None: no cap)",
+            )
+
+    @property
+    def cap(self) -> int | None:
+        """The cap in GPUs, None when there is none (0 means none)."""
+        return self.cap_gpus or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +156,13 @@ class ClusterState:
         now: The round's time (seconds).
         nodes: Nodes in a stable order (the order breaks ties).
         jobs: Active (submitted, unfinished) jobs in submission order.
+        tenants: The tenants with quotas; () (the default): one shared pool, no quotas.
     """
 
     now: float
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[JobInfo, ...]
+    tenants: tuple[TenantSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from pollux.goodput import (
     speedup_table,
     step_times,
 )
+from pollux.policy.types import TenantSpec
 from pollux.sim.report import ReportError, compare_main
 from pollux.sim.runner import MODES, POLICIES, run, spec_for, stderr_progress
 from pollux.sim.traces import (
@@ -86,6 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--processes", type=int, default=None, help="parallel workloads (default: one per CPU)"
     )
     run.add_argument("--output", type=Path, required=True, help="run directory to write")
+    run.add_argument(
+        "--tenant",
+        action="append",
+        type=parse_tenant,
+        default=[],
+        metavar="NAME[:GUARANTEE[:WEIGHT[:CAP]]]",
+        help="a tenant (repeat for each); jobs go to tenants by a hash of their names",
+    )
     compare = sub.add_parser(
         "compare", help="compare run directories with each other and with the published results"
     )
@@ -124,6 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def parse_tenant(text: str) -> TenantSpec:
+    """A `TenantSpec` from NAME[:GUARANTEE[:WEIGHT[:CAP]]], e.g. "research:16:2:32"."""
+    parts = text.split(":")
+    if not parts[0] or len(parts) > 4:
+        raise argparse.ArgumentTypeError(f"expected NAME[:GUARANTEE[:WEIGHT[:CAP]]], got {text!r}")
+    try:
+        guarantee = int(parts[1]) if len(parts) > 1 else 0
+        weight = float(parts[2]) if len(parts) > 2 else 1.0
+        cap = int(parts[3]) if len(parts) > 3 else None
+        return TenantSpec(parts[0], guarantee, weight, cap)
+    except ValueError as err:  # PolicyInputError is a ValueError too
+        raise argparse.ArgumentTypeError(f"tenant {text!r}: {err}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     spec = spec_for(
         args.policy,
@@ -133,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        tenants=tuple(args.tenant),
     )
     summary = run(
         args.workload, spec, args.output, processes=args.processes, progress=stderr_progress

@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from pollux.policy.types import Policy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
-from pollux.sim.workload import load_workload
+from pollux.sim.workload import assign_tenants, load_workload
 
 POLICIES = ("pollux", "optimus", "tiresias")
 MODES = ("faithful",)
@@ -80,10 +80,17 @@ def infer_load(target: Path) -> str | None:
 
 
 def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float]:
-    """Simulate one workload; returns its JCTs. Writes the per-round log if asked."""
+    """Simulate one workload; returns its JCTs. Writes the per-round log if asked.
+
+    With tenants configured and a workload that names none, jobs go to tenants by a hash of
+    their names (`assign_tenants`).
+    """
     policy, _ = make_policy(spec.policy, spec.mode)
     apps = load_published_applications(default_data_root() / "traces")
     workload = load_workload(path)
+    tenants = spec.config.tenants
+    if tenants and not any(job.tenant for job in workload):
+        workload = assign_tenants(workload, [t.name for t in tenants])
     if log_path is None:
         return simulate(workload, apps, policy, spec.config).jcts
     with log_path.open("w") as log:
@@ -143,6 +150,7 @@ def run(
         "gpus_per_node": spec.config.gpus_per_node,
         "sync_model": spec.config.sync_model.value,
         "workloads": list(ordered),
+        **({"tenants": [asdict(t) for t in spec.config.tenants]} if spec.config.tenants else {}),
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     (output / "run.json").write_text(json.dumps(info, indent=1) + "\n")

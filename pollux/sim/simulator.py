@@ -6,6 +6,10 @@ seconds the policy (the same code the Scheduler service runs) re-allocates GPUs;
 allocation costs `restart_delay` seconds of no progress. Pollux jobs fit their own throughput
 model from the step times they experience and choose their batch size with it, as the real
 agent does. The simulation is deterministic for a given seed.
+
+Tenants (`SimConfig.tenants`, each job's `WorkloadJob.tenant`) reach the policy in every
+round's `ClusterState`; the Pollux policy enforces them (`pollux.policy.tenants`), the
+baselines ignore them.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pollux.goodput import (
     best_batch,
     fit_perf_params,
 )
-from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy
+from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
 from pollux.sim.application import Application, split_fixed_batch
 from pollux.sim.workload import WorkloadJob
 
@@ -66,6 +70,7 @@ class SimConfig:
         seed: Seed of the random generator handed to the policy.
         sync_model: Sync-time shape the jobs' throughput fits use (LINEAR is published).
         max_replicas: Cap on any job's replicas.
+        tenants: Tenants with guarantees, weights and caps; () (published): one shared pool.
     """
 
     nodes: int = 16
@@ -76,6 +81,7 @@ class SimConfig:
     seed: int = 0
     sync_model: SyncModel = SyncModel.LINEAR
     max_replicas: int = MAX_REPLICAS
+    tenants: tuple[TenantSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
@@ -292,6 +298,7 @@ class SimJob:
             target_replicas=self.target_replicas,
             target_batch_size=self.target_batch,
             oracle=oracle,
+            tenant=self.spec.tenant,
         )
 
     def _oracle(self, config: SimConfig) -> OracleInfo:
@@ -401,7 +408,8 @@ def simulate(
             if job.completed and job.allocation:
                 job.allocation = ()
         if active:
-            state = ClusterState(now, nodes, tuple(j.info(now, node_names, config) for j in active))
+            infos = tuple(j.info(now, node_names, config) for j in active)
+            state = ClusterState(now, nodes, infos, config.tenants)
             decision = policy.allocate(state, memory, rng)
             memory = decision.memory
             for job in active:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from pollux.sim.traces import TraceFormatError
 
@@ -21,6 +24,7 @@ class WorkloadJob:
         application: Name of the application whose traces drive the job.
         num_replicas: Tuned GPU count (used by Tiresias).
         batch_size: Tuned total batch size (used by Optimus and Tiresias).
+        tenant: The tenant it belongs to ("" : none; see `assign_tenants`).
     """
 
     name: str
@@ -28,6 +32,7 @@ class WorkloadJob:
     application: str
     num_replicas: int
     batch_size: int
+    tenant: str = ""
 
 
 def load_workload(path: Path | str) -> list[WorkloadJob]:
@@ -62,3 +67,25 @@ def load_workload(path: Path | str) -> list[WorkloadJob]:
     if len(set(names)) != len(names):
         raise TraceFormatError(path, "job names must be unique")
     return sorted(jobs, key=lambda j: (j.submission_time, names.index(j.name)))
+
+
+def assign_tenants(
+    jobs: Sequence[WorkloadJob],
+    tenants: Sequence[str],
+    how: Literal["hash", "round_robin"] = "hash",
+) -> list[WorkloadJob]:
+    """The jobs, each given to one of `tenants` (the published workloads name none).
+
+    "hash": by CRC-32 of the job name, so a job's tenant depends on its name only (stable
+    when jobs are added or removed, unlike Python's salted `hash`); "round_robin": in
+    submission order, which balances job counts exactly.
+    """
+    if not tenants:
+        raise ValueError("need at least one tenant name")
+    if how == "hash":
+        pick = [zlib.crc32(job.name.encode()) % len(tenants) for job in jobs]
+    elif how == "round_robin":
+        pick = [i % len(tenants) for i in range(len(jobs))]
+    else:
+        raise ValueError(f"unknown assignment {how!r}; choose 'hash' or 'round_robin'")
+    return [replace(job, tenant=tenants[t]) for job, t in zip(jobs, pick, strict=True)]

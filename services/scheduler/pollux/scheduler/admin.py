@@ -25,7 +25,7 @@ from pollux.service.errors import (
     shown,
 )
 from pollux.service.keys import Kind
-from pollux.service.store import Conflict, Delete, Expect, Put, Store
+from pollux.service.store import Delete, Expect, Put, Store
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import admin_service_pb2_grpc as apb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -197,12 +197,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         else:
             tenant.create_time.FromNanoseconds(int(self.clock() * 1e9))
         expected = previous.mod_revision if previous is not None else 0
-        try:
-            await self.store.txn(
-                [Put(key, tenant.SerializeToString())], expect=[Expect(key, expected)]
-            )
-        except Conflict as error:
-            raise Conflict(key) from error
+        # A concurrent PutTenant of the same name makes this ABORTED: re-read and retry.
+        await self.store.txn([Put(key, tenant.SerializeToString())], expect=[Expect(key, expected)])
         return apb.PutTenantResponse(tenant=tenant)
 
     async def DeleteTenant(

@@ -41,6 +41,7 @@ from pollux.policy.types import (
     NodeInfo,
     OracleInfo,
     Policy,
+    TenantSpec,
 )
 from pollux.scheduler.lifecycle import ACTIVE, S, clipped, transition
 from pollux.service.store import Snapshot
@@ -169,6 +170,7 @@ def plan_round(
             _known_info(j, snapshot.models.get(j.id), total, now, policy.name, known or {}, plan)
             for j in active
         ),
+        tenants=tenant_specs(snapshot.tenants),
     )
     plan.active_jobs = len(active)
     decision: AllocationDecision = policy.allocate(state, memory, rng)
@@ -503,6 +505,20 @@ def _job_info(
         target_replicas=max(1, min(int(spec.max_replicas or 1), total_gpus or 1)),
         target_batch_size=int(limits.initial_batch_size),
         oracle=oracle,
+        tenant=job.tenant,
+    )
+
+
+def tenant_specs(tenants: list[pb.Tenant]) -> tuple[TenantSpec, ...]:
+    """The policy's view of the admin's tenants (AdminService validated every field)."""
+    return tuple(
+        TenantSpec(
+            name=t.name,
+            guarantee_gpus=int(t.guarantee_gpus),
+            weight=float(t.weight) or 1.0,
+            cap_gpus=int(t.cap_gpus) or None,
+        )
+        for t in sorted(tenants, key=lambda t: t.name)
     )
 
 

@@ -1,0 +1,285 @@
+"""Tenants on the published workloads: each tenant's share of goodput vs its entitlement.
+
+Jobs of the eight published 160-job workloads (16 × 4 GPUs) go to 2-4 tenants by a hash of
+their names (`pollux.sim.workload.assign_tenants`). Each configuration runs the Pollux policy
+with the tenants' guarantees, weights and caps; the baseline is single-tenant Pollux on the
+same workloads (the published setup, run once: tenant labels do not reach its policy).
+
+Definitions (`pollux.policy.tenants` says why):
+
+- entitled GPUs E_t = g_t + w_t / Σw · (N − Σg), water-filled under the caps; entitlement
+  e_t = E_t / ΣE, tenant t's share of the cluster's goodput when every tenant is busy.
+- goodput of a tenant in a round: the sum of its jobs' speedups on their new allocations, as
+  the policy values them (goodput over the round's fair-share reference; restart penalty not
+  included). A tenant's share in a round is its goodput over all tenants' goodput.
+- busy: a tenant is busy in a round when it has unmet demand: one of its jobs holds fewer
+  GPUs than it may use (its max_replicas, which the simulator sets to twice the largest
+  allocation the job has profiled). This is max-min fairness's condition: a tenant whose
+  every job has all it can use is satisfied and owed nothing more, whatever its share.
+  Shares are averaged over the rounds in which every tenant is busy, over all workloads;
+  "off" is share / e_t − 1 (the target is within ±10 %).
+
+The same shares are measured for the baseline (over its own all-busy rounds): what tenants
+get when the policy knows nothing of them. Mean JCT is over every job of every workload run.
+
+    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--processes 2]
+
+--quick runs three configurations on two workloads (about 2 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.problem import TenantShares
+from pollux.policy.tenants import entitlements
+from pollux.policy.types import AllocationDecision, ClusterState, TenantSpec
+from pollux.sim.application import load_published_applications
+from pollux.sim.runner import spec_for
+from pollux.sim.simulator import simulate
+from pollux.sim.traces import default_data_root
+from pollux.sim.workload import WorkloadJob, assign_tenants, load_workload
+
+T = TenantSpec
+CONFIGS: dict[str, tuple[TenantSpec, ...]] = {
+    "2 equal": (T("a"), T("b")),
+    "2 weights 2:1": (T("a", weight=2.0), T("b")),
+    "3 equal, one capped at 12": (T("a"), T("b"), T("c", cap_gpus=12)),
+    "3 one guaranteed 24": (T("a", guarantee_gpus=24), T("b"), T("c")),
+    "4 weights 1:1:2:4": (T("a"), T("b"), T("c", weight=2.0), T("d", weight=4.0)),
+    "4 guarantee, cap, weights": (
+        T("a", guarantee_gpus=16),
+        T("b", cap_gpus=8),
+        T("c", weight=2.0),
+        T("d", guarantee_gpus=8, weight=1.0, cap_gpus=16),
+    ),
+}
+QUICK = ("2 weights 2:1", "3 equal, one capped at 12", "4 guarantee, cap, weights")
+QUICK_WORKLOADS = ("workload-1", "workload-5")
+
+Round = tuple[tuple[str, float, int, int], ...]
+"""Per job in a round: (name, speedup, GPUs, demand = min(max_replicas, N))."""
+
+
+class Recorder:
+    """The Pollux policy, keeping what each round gave every job."""
+
+    name = "pollux"
+
+    def __init__(self, shares: TenantShares = TenantShares.BUDGETS) -> None:
+        self.policy = PolluxPolicy(PolluxParams(tenant_shares=shares))
+        self.rounds: list[Round] = []
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        """The policy's decision, recorded."""
+        decision = self.policy.allocate(state, memory, rng)
+        total = sum(node.gpus for node in state.nodes)
+        self.rounds.append(
+            tuple(
+                (
+                    job.name,
+                    decision.explain[job.name].speedup,
+                    len(decision.allocations[job.name]),
+                    min(job.max_replicas, total),
+                )
+                for job in state.jobs
+            )
+        )
+        return decision
+
+
+def simulate_one(
+    task: tuple[str, Path, TenantShares],
+) -> tuple[str, str, dict[str, float], list[Round]]:
+    """Run one workload under one configuration ("" = single-tenant baseline)."""
+    config_name, path, mode = task
+    specs = CONFIGS.get(config_name, ())
+    config = replace(spec_for("pollux", "faithful").config, tenants=specs)
+    workload = load_workload(path)
+    if specs:
+        workload = assign_tenants(workload, [t.name for t in specs])
+    apps = load_published_applications(default_data_root() / "traces")
+    recorder = Recorder(mode)
+    result = simulate(workload, apps, recorder, config)
+    return config_name, path.stem, result.jcts, recorder.rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """Goodput and GPU shares of each tenant over the rounds in which all were busy."""
+
+    goodput: np.ndarray
+    gpus: np.ndarray
+    busy_rounds: int
+    rounds: int
+
+
+def shares(
+    runs: Sequence[tuple[list[Round], dict[str, str]]],
+    specs: Sequence[TenantSpec],
+    entitled: np.ndarray,
+) -> Shares:
+    """Mean per-round shares over all-busy rounds of every run (rounds, job → tenant)."""
+    index = {spec.name: i for i, spec in enumerate(specs)}
+    goodput, gpus, total_rounds = [], [], 0
+    for rounds, tenant_of in runs:
+        for record in rounds:
+            total_rounds += 1
+            g, k, unmet = np.zeros(len(specs)), np.zeros(len(specs)), np.zeros(len(specs))
+            for name, speedup, held, want in record:
+                t = index[tenant_of[name]]
+                g[t] += speedup
+                k[t] += held
+                unmet[t] += want - held
+            if (unmet > 0).all() and g.sum() > 0:
+                goodput.append(g / g.sum())
+                gpus.append(k / max(k.sum(), 1))
+    empty = np.full(len(specs), np.nan)
+    return Shares(
+        goodput=np.mean(goodput, axis=0) if goodput else empty,
+        gpus=np.mean(gpus, axis=0) if gpus else empty,
+        busy_rounds=len(goodput),
+        rounds=total_rounds,
+    )
+
+
+def report(
+    name: str,
+    specs: tuple[TenantSpec, ...],
+    results: dict[tuple[str, str], tuple[dict[str, float], list[Round]]],
+    workloads: list[Path],
+    gpus: int,
+) -> bool:
+    """Print one configuration's table; True when it meets both targets."""
+    entitled = entitlements(
+        [t.guarantee_gpus for t in specs],
+        [t.weight for t in specs],
+        [t.cap or 2**62 for t in specs],
+        gpus,
+    )
+    entitlement = entitled / entitled.sum()
+    tenant_runs, base_runs = [], []
+    tenant_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
+    base_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
+    for path in workloads:
+        tenant_of = {job.name: job.tenant for job in _labelled(path, specs)}
+        jcts, rounds = results[(name, path.stem)]
+        base, base_rounds = results[("", path.stem)]
+        tenant_runs.append((rounds, tenant_of))
+        base_runs.append((base_rounds, tenant_of))
+        for job, tenant in tenant_of.items():
+            tenant_jcts[tenant].append(jcts[job])
+            base_jcts[tenant].append(base[job])
+    ours, baseline = shares(tenant_runs, specs, entitled), shares(base_runs, specs, entitled)
+    jct = float(np.mean([v for vs in tenant_jcts.values() for v in vs]))
+    base_jct = float(np.mean([v for vs in base_jcts.values() for v in vs]))
+    off = ours.goodput / entitlement - 1
+    print(f"\n== {name}: {len(workloads)} workloads, {gpus} GPUs ==")
+    print(
+        f"all tenants busy in {ours.busy_rounds} of {ours.rounds} rounds "
+        f"(single-tenant Pollux: {baseline.busy_rounds} of {baseline.rounds})"
+    )
+    print(
+        f"{'tenant':<7}{'guar.':>6}{'weight':>7}{'cap':>5}{'E (GPUs)':>10}{'entitled':>10}"
+        f"{'goodput':>9}{'off':>8}{'GPUs':>7} | {'1-tenant goodput':>16}{'off':>8} | "
+        f"{'JCT (s)':>8}{'1-tenant':>9}"
+    )
+    for t, spec in enumerate(specs):
+        base_off = baseline.goodput[t] / entitlement[t] - 1
+        print(
+            f"{spec.name:<7}{spec.guarantee_gpus:>6}{spec.weight:>7.1f}{spec.cap or '-':>5}"
+            f"{entitled[t]:>10.1f}{entitlement[t]:>10.3f}{ours.goodput[t]:>9.3f}"
+            f"{off[t]:>+8.1%}{ours.gpus[t]:>7.3f} | {baseline.goodput[t]:>16.3f}"
+            f"{base_off:>+8.1%} | {np.mean(tenant_jcts[spec.name]):>8.0f}"
+            f"{np.mean(base_jcts[spec.name]):>9.0f}"
+        )
+    ok_share = bool(np.all(np.abs(off) <= 0.10))
+    ok_jct = jct <= 1.05 * base_jct
+    print(
+        f"mean JCT {jct:.1f} s vs single-tenant Pollux {base_jct:.1f} s "
+        f"({jct / base_jct - 1:+.1%}); shares within ±10 %: {'yes' if ok_share else 'NO'}, "
+        f"JCT within 5 %: {'yes' if ok_jct else 'NO'}"
+    )
+    return ok_share and ok_jct
+
+
+def _labelled(path: Path, specs: Sequence[TenantSpec]) -> list[WorkloadJob]:
+    return assign_tenants(load_workload(path), [t.name for t in specs])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 configurations, 2 workloads")
+    parser.add_argument("--load", default="1.0", help="published job load: 0.5, 1.0 or 1.5")
+    parser.add_argument("--configs", help="comma-separated configuration names (default: all)")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--save", type=Path, help="write the raw results (JSON) here")
+    parser.add_argument("--replay", type=Path, help="report saved results instead of simulating")
+    parser.add_argument(
+        "--shares",
+        choices=[m.value for m in TenantShares],
+        default=PolluxParams().tenant_shares.value,
+        help="how the policy gives tenants their shares (PolluxParams.tenant_shares)",
+    )
+    args = parser.parse_args(argv)
+    folder = default_data_root() / ("workloads" if args.load == "1.0" else f"workloads-{args.load}")
+    workloads = sorted(folder.glob("*.csv"), key=lambda p: int(p.stem.split("-")[-1]))
+    names = list(CONFIGS)
+    if args.quick:
+        names = list(QUICK)
+        workloads = [p for p in workloads if p.stem in QUICK_WORKLOADS]
+    if args.configs:
+        names = [n.strip() for n in args.configs.split(",")]
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
+    mode = TenantShares(args.shares)
+    tasks = [(name, path, mode) for name in ["", *names] for path in workloads]
+    started = time.perf_counter()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    results: dict[tuple[str, str], tuple[dict[str, float], list[Round]]] = {}
+    if args.replay:
+        saved = json.loads(args.replay.read_text())
+        for config_name, stem, jcts, rounds in saved:
+            results[(config_name, stem)] = (jcts, [tuple(map(tuple, r)) for r in rounds])
+        tasks = []
+    with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
+        for config_name, stem, jcts, rounds in pool.imap_unordered(simulate_one, tasks):
+            results[(config_name, stem)] = (jcts, rounds)
+            print(
+                f"[{len(results)}/{len(tasks)}] {config_name or 'single-tenant'} {stem} "
+                f"({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if args.save:
+        rows = [[c, stem, jcts, rounds] for (c, stem), (jcts, rounds) in results.items()]
+        args.save.write_text(json.dumps(rows, separators=(",", ":")))
+    cluster = spec_for("pollux", "faithful").config
+    gpus = cluster.nodes * cluster.gpus_per_node
+    print(
+        f"load {args.load}x, tenant shares by {mode.value}, workloads: "
+        f"{', '.join(p.stem for p in workloads)}"
+    )
+    passed = [report(n, CONFIGS[n], results, workloads, gpus) for n in names]
+    print(f"\n{sum(passed)} of {len(passed)} configurations meet both targets")
+    print(f"total wall time: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

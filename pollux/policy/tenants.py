@@ -1,0 +1,371 @@
+"""Tenants: GPU guarantees, caps and goodput shares by weight, on top of Pollux (two levels).
+
+Level 1 (`plan`) splits the cluster's GPUs among tenants into budgets; level 2 is the normal
+per-job Pollux search (`greedy.search`) with each tenant held to its budget, so within a tenant
+jobs share exactly as Pollux shares a cluster.
+
+**Entitlement.** Among the tenants that have demand, tenant t is entitled to
+
+    E_t = g_t + w_t / Σ_u w_u · (N − Σ_u g_u)   GPUs        (N: the cluster's GPUs)
+
+water-filled under the caps (what a capped tenant cannot take goes to the others by weight);
+guarantees that add up to more than N are first scaled down in proportion. Its entitled share
+of the cluster's *goodput* is e_t = E_t / Σ_u E_u. Why goodput and not GPUs: a GPU is worth
+different amounts to different jobs (a job that scales badly turns a 9th GPU into little
+progress), so a share of GPUs is not a share of useful work. Goodput is counted in the policy's
+own unit, the speedup (a job's goodput over that of the round's fair-share reference
+allocation, `valuation.Normalisation`), which makes jobs of different sizes comparable: a
+tenant's goodput is the sum of its jobs' speedups. Why E_t is stated in GPUs: guarantees and
+caps are GPU counts an administrator reserves and a team can plan with; E_t is the part of the
+cluster the tenant would own in a static partition, and e_t says that it gets that part of
+the cluster's useful progress instead, whichever GPUs that takes.
+
+**Level 1** is weighted max-min fairness in goodput, by progressive filling: every tenant
+starts at its floor (its guarantee, or what its jobs can use if that is less), then GPUs go,
+one greedy step at a time, to the tenant with the least goodput per entitled GPU, G_t / E_t,
+never past its ceiling (its cap, or what its jobs can use). G_t(B), a tenant's goodput on B
+GPUs, comes from the greedy count phase run on the tenant's jobs alone (the order in which
+level 2 would grow them). When every tenant can use more than its share, G_t / E_t ends equal
+up to one step, so each tenant's share of goodput is e_t. A tenant without enough demand for
+its share (an idle guarantee) leaves the rest to the others (borrowing); the next round splits
+again, so it gets them back as soon as its jobs can use them (reclaim), paying only the restart
+penalty Pollux charges any re-allocation. GPUs level 2 cannot place within the budgets are
+lent, in the same round, to tenants below their caps. A tenant entitled to nothing (every GPU
+guaranteed to others) only borrows.
+
+**The WEIGHTS mode** (`PolluxParams.tenant_shares`, `weigh`) is the one-level alternative: no
+split; each job's utility in the power mean is weighted by its tenant's entitlement per job,
+so that the objective itself leans goodput towards e_t while trading it against efficiency and
+restarts across all jobs. Budgets then only hold guarantees and caps. It costs less mean JCT
+and meets the shares less closely (benchmarks/multi_tenant.py measures both).
+
+Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
+weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
+names gains nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from pollux.policy.problem import Problem
+from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, JobInfo, TenantSpec
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+DEFAULT_TENANT = ""
+"""Name of the implicit tenant of jobs whose tenant no `TenantSpec` defines."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """The round's tenants as arrays, and each job's tenant.
+
+    Attributes:
+        names: Tenant names, in the order of `ClusterState.tenants`, then "" if any job is in
+            the default tenant.
+        guarantee: Guaranteed GPUs per tenant (as configured, not yet scaled).
+        weight: Weight per tenant.
+        cap: Cap per tenant in GPUs (a very large number when there is none).
+        of_job: Index into `names` of each job's tenant.
+    """
+
+    names: tuple[str, ...]
+    guarantee: IntArray
+    weight: FloatArray
+    cap: IntArray
+    of_job: IntArray
+
+    @classmethod
+    def of(cls, specs: Sequence[TenantSpec], jobs: Sequence[JobInfo]) -> Tenants:
+        """Tenant arrays for `specs`, adding the default tenant when a job needs it."""
+        index = {spec.name: i for i, spec in enumerate(specs)}
+        default = len(specs)
+        of_job = np.array([index.get(job.tenant, default) for job in jobs], dtype=np.int64)
+        rows = list(specs)
+        names = [spec.name for spec in rows]
+        guarantee = [spec.guarantee_gpus for spec in rows]
+        weight = [spec.weight for spec in rows]
+        cap = [spec.cap or _NO_CAP for spec in rows]
+        if (of_job == default).any():
+            names.append(DEFAULT_TENANT)
+            guarantee.append(0)
+            weight.append(1.0)
+            cap.append(_NO_CAP)
+        return cls(
+            names=tuple(names),
+            guarantee=np.array(guarantee, dtype=np.int64),
+            weight=np.array(weight, dtype=np.float64),
+            cap=np.array(cap, dtype=np.int64),
+            of_job=of_job,
+        )
+
+    @classmethod
+    def of_state(cls, state: ClusterState) -> Tenants:
+        """`of` the state's tenants and jobs."""
+        return cls.of(state.tenants, state.jobs)
+
+
+_NO_CAP = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Level 1's answer for one round: the most GPUs each tenant may hold.
+
+    Attributes:
+        tenants: The tenants and each job's tenant.
+        budget: Most GPUs each tenant may hold this round (Σ ≤ the cluster's GPUs).
+        entitled: E_t among the tenants with demand (0 for those without).
+        floor: GPUs set aside first: its guarantee, or what its jobs can use if that is less.
+        ceiling: Most GPUs it may get: its cap, or what its jobs can use if that is less.
+        goodput: Predicted goodput (sum of speedups) of each tenant on its budget.
+    """
+
+    tenants: Tenants
+    budget: IntArray
+    entitled: FloatArray
+    floor: IntArray
+    ceiling: IntArray
+    goodput: FloatArray
+
+    @property
+    def of_job(self) -> IntArray:
+        """Index of each job's tenant (into `tenants.names`, `budget` …)."""
+        return self.tenants.of_job
+
+    def lent(self) -> Quota:
+        """The quota with every budget raised to the tenant's cap (for otherwise idle GPUs)."""
+        return replace(self, budget=np.maximum(self.budget, self.tenants.cap))
+
+    def usage(self, held: npt.ArrayLike) -> IntArray:
+        """GPUs each tenant holds, given the GPUs each job holds."""
+        counts = np.bincount(self.of_job, weights=held, minlength=self.budget.size)
+        return np.asarray(np.rint(counts), dtype=np.int64)
+
+
+def entitlements(
+    guarantee: npt.ArrayLike, weight: npt.ArrayLike, cap: npt.ArrayLike, total: int
+) -> FloatArray:
+    """E_t, each tenant's entitled GPUs out of `total` (see the module docstring).
+
+    Guarantees adding up to more than `total` are scaled down in proportion; the rest of the
+    GPUs is split by weight, and whatever a cap stops a tenant from taking is split again
+    among the uncapped ones (water-filling). The result adds up to `total` unless every tenant
+    is capped below it.
+    """
+    g = np.asarray(guarantee, dtype=np.float64)
+    w = np.asarray(weight, dtype=np.float64)
+    limit = np.minimum(np.asarray(cap, dtype=np.float64), float(total))
+    if g.sum() > total:
+        g = g * (total / g.sum())
+    share = np.minimum(g, limit)
+    rest = total - share.sum()
+    open_ = share < limit
+    while rest > 1e-9 * max(total, 1) and open_.any():
+        add = np.zeros_like(share)
+        add[open_] = rest * w[open_] / w[open_].sum()
+        add = np.minimum(add, limit - share)
+        share += add
+        rest -= add.sum()
+        open_ = share < limit - 1e-9
+    return share
+
+
+def plan(problem: Problem, utilities: FloatArray) -> Quota:
+    """Level 1: each tenant's GPU budget for this round.
+
+    Args:
+        problem: The round (its state names the tenants).
+        utilities: The count phase's table U[j, k] (`greedy.count_utilities`), so that a
+            tenant's goodput curve follows the order in which level 2 grows its jobs.
+    """
+    tenants = Tenants.of_state(problem.state)
+    count = len(tenants.names)
+    total = problem.total_gpus
+    speed = _consolidated_speedups(problem, utilities.shape[1])
+    curves = [
+        goodput_curve(utilities, speed, np.nonzero(tenants.of_job == t)[0], total)
+        for t in range(count)
+    ]
+    usable = np.array([int(gpus[-1]) for gpus, _ in curves], dtype=np.int64)
+    ceiling = np.minimum(usable, tenants.cap)
+    active = ceiling > 0
+    entitled = np.zeros(count)
+    entitled[active] = entitlements(
+        tenants.guarantee[active], tenants.weight[active], tenants.cap[active], total
+    )
+    scaled = tenants.guarantee.astype(np.float64)
+    if scaled[active].sum() > total:
+        scaled *= total / scaled[active].sum()
+    floor = np.minimum(np.floor(scaled + 1e-9).astype(np.int64), ceiling)
+    budget = progressive_fill(curves, floor, ceiling, entitled, total)
+    goodput = np.array([_at(curve, int(b)) for curve, b in zip(curves, budget, strict=True)])
+    return Quota(tenants, budget, entitled, floor, ceiling, goodput)
+
+
+def weigh(problem: Problem) -> Quota:
+    """The WEIGHTS mode's level 1: weight each job's utility; budgets for guarantees and caps.
+
+    Pollux's power mean with exponent p < 1, maximised, gives jobs of equal weight about
+    equal speedups; with weights ω_j its optimum (for speedups ∝ GPUs) has speedups
+    ∝ ω_j^(1/(1−p)). Weighting each job by (e_t / n_t)^(1−p), its tenant's entitlement split
+    among the tenant's n_t jobs, therefore gives each busy tenant goodput ∝ e_t, while
+    efficiency and restart penalties are still traded off across all jobs in one objective.
+    Budgets: a tenant may hold up to its cap, less the floors of all other tenants, so every
+    guarantee stays available to its tenant. Sets `problem.weight`.
+    """
+    tenants = Tenants.of_state(problem.state)
+    count = len(tenants.names)
+    total = problem.total_gpus
+    wants = problem.max_k > 0
+    jobs = np.bincount(tenants.of_job[wants], minlength=count)
+    demand = np.bincount(tenants.of_job, weights=problem.max_k, minlength=count).astype(np.int64)
+    ceiling = np.minimum(np.minimum(demand, tenants.cap), total)
+    active = ceiling > 0
+    entitled = np.zeros(count)
+    entitled[active] = entitlements(
+        tenants.guarantee[active], tenants.weight[active], tenants.cap[active], total
+    )
+    scaled = tenants.guarantee.astype(np.float64)
+    if scaled[active].sum() > total:
+        scaled *= total / scaled[active].sum()
+    floor = np.minimum(np.floor(scaled + 1e-9).astype(np.int64), ceiling)
+    budget = np.minimum(tenants.cap, total - (floor.sum() - floor))
+    per_job = np.where(jobs > 0, entitled / np.maximum(jobs, 1), 0.0)
+    weight = per_job[tenants.of_job] ** (1.0 - problem.params.p)
+    positive = weight[weight > 0]
+    if positive.size:  # tenants entitled to nothing weigh least: they borrow what is left
+        problem.weight = np.where(weight > 0, weight, positive.min()) / positive.max()
+    goodput = np.full(count, np.nan)
+    return Quota(tenants, budget, entitled, floor, ceiling, goodput)
+
+
+def explained(decision: AllocationDecision, quota: Quota) -> AllocationDecision:
+    """`decision` with each job's reason naming its tenant's budget and what it holds."""
+    jobs = list(decision.allocations)
+    held = quota.usage([len(decision.allocations[name]) for name in jobs])
+    names = quota.tenants.names
+    explain = {}
+    for name, t in zip(jobs, quota.of_job.tolist(), strict=True):
+        why = decision.explain[name]
+        label = names[t] or "default"
+        note = f"tenant {label}: {held[t]} of its {quota.budget[t]}-GPU budget"
+        explain[name] = JobExplain(why.speedup, why.penalty, f"{why.reason} ({note})")
+    return replace(decision, explain=explain)
+
+
+def _consolidated_speedups(problem: Problem, width: int) -> FloatArray:
+    """S[j, k]: job j's speedup on k GPUs on the fewest nodes (0 where k > its max)."""
+    table = np.zeros((problem.num_jobs, width))
+    tops = problem.max_k
+    jobs = np.repeat(problem.every_job, tops)
+    ks = np.arange(jobs.size) - np.repeat(np.cumsum(tops) - tops, tops) + 1
+    table[jobs, ks] = problem.speedups.lookup(jobs, problem.consolidated_nodes(ks), ks)
+    return table
+
+
+def goodput_curve(
+    utilities: FloatArray, speed: FloatArray, rows: IntArray, limit: int
+) -> tuple[IntArray, FloatArray]:
+    """G(B) of the jobs `rows` as the count phase would grow them on at most `limit` GPUs.
+
+    Returns the GPUs and the goodput (sum of speedups) after each greedy jump, starting at
+    (0, 0): the best jump by utility gain per GPU, as in `greedy.choose_counts`, until no jump
+    gains or fits. The last GPU count is what the jobs can use.
+    """
+    gpus, goodput = [0], [0.0]
+    if rows.size == 0 or limit <= 0:
+        return np.array(gpus, dtype=np.int64), np.array(goodput)
+    table, spd = utilities[rows], speed[rows]
+    width = table.shape[1]
+    sizes = np.arange(width)
+    count = [0] * rows.size
+    room = limit
+
+    def best_jump(i: int, now: int) -> tuple[float, int]:
+        top = min(now + room, width - 1)
+        if top <= now:
+            return -math.inf, 0
+        gain = (table[i, now + 1 : top + 1] - table[i, now]) / sizes[1 : top - now + 1]
+        best = int(np.argmax(gain))
+        if not gain[best] > -np.inf:
+            return -math.inf, 0
+        return float(gain[best]), now + 1 + best
+
+    with np.errstate(invalid="ignore"):
+        first = (table[:, 1:] - table[:, :1]) / sizes[1:]
+    first[:, min(room, width - 1) :] = -np.inf
+    first = np.where(np.isnan(first), -np.inf, first)
+    best = np.argmax(first, axis=1) if width > 1 else np.zeros(rows.size, dtype=np.int64)
+    gains = first[np.arange(rows.size), best] if width > 1 else np.full(rows.size, -np.inf)
+    targets = (best + 1).tolist()
+    heap = [(-g, i) for i, g in enumerate(gains.tolist())]
+    heapq.heapify(heap)
+    total = 0.0
+    while room > 0 and heap:
+        loss, i = heap[0]
+        target, now = targets[i], count[i]
+        if target - now > room:
+            gain, targets[i] = best_jump(i, now)  # its jump no longer fits
+            heapq.heapreplace(heap, (-gain, i))
+            continue
+        if not -loss > 0:
+            break
+        room -= target - now
+        total += float(spd[i, target] - spd[i, now])
+        count[i] = target
+        gpus.append(limit - room)
+        goodput.append(total)
+        gain, targets[i] = best_jump(i, target)
+        heapq.heapreplace(heap, (-gain, i))
+    return np.array(gpus, dtype=np.int64), np.array(goodput)
+
+
+def progressive_fill(
+    curves: Sequence[tuple[IntArray, FloatArray]],
+    floor: IntArray,
+    ceiling: IntArray,
+    entitled: FloatArray,
+    total: int,
+) -> IntArray:
+    """Budgets: from the floors, each step to the tenant with the least G_t / E_t.
+
+    A step takes the tenant to the next point of its goodput curve (or as far as the free
+    GPUs and its ceiling allow). Ties go to the fewest GPUs per entitled GPU, then the first
+    tenant. Tenants entitled to nothing come after every other tenant has reached its ceiling.
+    """
+    budget = floor.astype(np.int64).copy()
+    free = total - int(budget.sum())
+
+    def key(t: int) -> tuple[float, float, int]:
+        if entitled[t] <= 0:
+            return math.inf, float(budget[t]), t
+        return _at(curves[t], int(budget[t])) / entitled[t], budget[t] / entitled[t], t
+
+    heap = [key(t) for t in range(len(curves)) if budget[t] < ceiling[t]]
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        t = heapq.heappop(heap)[2]
+        gpus = curves[t][0]
+        nxt = int(np.searchsorted(gpus, budget[t], side="right"))
+        step = int(gpus[nxt]) - int(budget[t]) if nxt < gpus.size else 1
+        step = min(step, free, int(ceiling[t] - budget[t]))
+        budget[t] += step
+        free -= step
+        if budget[t] < ceiling[t]:
+            heapq.heappush(heap, key(t))
+    return budget
+
+
+def _at(curve: tuple[IntArray, FloatArray], gpus: int) -> float:
+    """G(gpus): the goodput at the last curve point with at most `gpus` GPUs."""
+    points, goodput = curve
+    return float(goodput[int(np.searchsorted(points, gpus, side="right")) - 1])
