@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass
 
 
+class PortTaken(RuntimeError):
+    """etcd exited while starting: most likely one of its ports was taken meanwhile."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
@@ -36,7 +40,21 @@ class EtcdServer:
 
     @classmethod
     def start(cls, *extra: str) -> EtcdServer:
-        """Start one etcd; `extra` flags are appended (a small quota, say)."""
+        """Start one etcd; `extra` flags are appended (a small quota, say).
+
+        A port found free can be taken by another process before etcd binds it (another
+        suite on the machine): etcd then exits at once, and it is started again on new ports.
+        """
+        for attempt in range(3):
+            try:
+                return cls._start_once(*extra)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, *extra: str) -> EtcdServer:
         etcd = shutil.which("etcd")
         if etcd is None:
             raise RuntimeError("etcd is not installed: apt-get install etcd-server")
@@ -63,7 +81,7 @@ class EtcdServer:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 server.stop()
-                raise RuntimeError(f"etcd exited with {process.returncode}")
+                raise PortTaken(f"etcd exited with {process.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", client), timeout=0.2):
                     return server

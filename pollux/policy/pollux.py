@@ -7,7 +7,8 @@ against (benchmarks/policy_latency.py).
 
 With tenants in the state, a first level splits the GPUs among them (guarantees, caps, goodput
 shares by weight: `tenants.py`) and the greedy search keeps each within its budget; without
-them the round is exactly the single-pool one. NSGA-II does not support tenants.
+them the round is exactly the single-pool one. NSGA-II does not support tenants. In the
+DEFICITS mode the decision's `memory` is the tenants' `Ledger`, which must be passed back.
 """
 
 from __future__ import annotations
@@ -72,10 +73,21 @@ class PolluxPolicy:
             placed, front = nsga2.search(problem, rng, previous, self.nsga)
             return replace(problem.decision(placed), memory=front)
         if state.tenants:
-            quota = (
-                tenants.weigh(problem)
-                if self.params.tenant_shares is TenantShares.WEIGHTS
-                else tenants.plan(problem, greedy.count_utilities(problem)[0])
-            )
-            return tenants.explained(problem.decision(greedy.search(problem, quota)), quota)
+            return self._with_tenants(problem, memory)
         return problem.decision(greedy.search(problem))
+
+    def _with_tenants(self, problem: Problem, memory: object | None) -> AllocationDecision:
+        """The round in the configured `TenantShares` mode; DEFICITS carries a `Ledger`."""
+        shares = self.params.tenant_shares
+        if shares is TenantShares.BUDGETS:
+            quota = tenants.plan(problem, greedy.count_utilities(problem)[0])
+        elif shares is TenantShares.WEIGHTS:
+            quota = tenants.weigh(problem)
+        else:
+            ledger = memory if isinstance(memory, tenants.Ledger) else None
+            names = tenants.Tenants.of_state(problem.state).names
+            quota = tenants.weigh(problem, tenants.tilts(ledger, names, self.params.p))
+        decision = tenants.explained(problem.decision(greedy.search(problem, quota)), quota)
+        if shares is TenantShares.DEFICITS:
+            decision = replace(decision, memory=tenants.account(ledger, quota, problem, decision))
+        return decision

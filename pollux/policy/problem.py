@@ -41,10 +41,14 @@ class TenantShares(enum.Enum):
         WEIGHTS: One level: each job's utility is weighted by its tenant's entitlement per
             job, so the power mean itself splits goodput by entitlement; budgets only
             enforce guarantees and caps.
+        DEFICITS: WEIGHTS, with each tenant's weight also tilted by the goodput it is owed
+            over time (`tenants.Ledger`): per-round deviations that help JCT are allowed,
+            long-run shares converge to the entitlements.
     """
 
     BUDGETS = "budgets"
     WEIGHTS = "weights"
+    DEFICITS = "deficits"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,14 @@ so that the objective itself leans goodput towards e_t while trading it against 
 restarts across all jobs. Budgets then only hold guarantees and caps. It costs less mean JCT
 and meets the shares less closely (benchmarks/multi_tenant.py measures both).
 
+**The DEFICITS mode** (`Ledger`, `tilts`, `account`) is WEIGHTS with fairness accumulated
+over time instead of per round: each tenant carries a deficit, the goodput share it has been
+owed (relative to its entitlement) integrated over the seconds it was contending, and its
+jobs' weights are tilted by exp((1 − p) · deficit / HORIZON). Per-round deviations that let
+jobs run at efficient sizes are allowed; a tenant persistently below its share gets a growing
+weight until its long-run share meets e_t (an integral controller; see `account` for why its
+constants are what they are). Guarantees and caps are the WEIGHTS mode's per-round budgets.
+
 Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
 weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
 names gains nothing.
@@ -48,7 +56,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -211,7 +219,7 @@ def plan(problem: Problem, utilities: FloatArray) -> Quota:
     return Quota(tenants, budget, entitled, floor, ceiling, goodput)
 
 
-def weigh(problem: Problem) -> Quota:
+def weigh(problem: Problem, tilt: FloatArray | None = None) -> Quota:
     """The WEIGHTS mode's level 1: weight each job's utility; budgets for guarantees and caps.
 
     Pollux's power mean with exponent p < 1, maximised, gives jobs of equal weight about
@@ -220,7 +228,8 @@ def weigh(problem: Problem) -> Quota:
     among the tenant's n_t jobs, therefore gives each busy tenant goodput ∝ e_t, while
     efficiency and restart penalties are still traded off across all jobs in one objective.
     Budgets: a tenant may hold up to its cap, less the floors of all other tenants, so every
-    guarantee stays available to its tenant. Sets `problem.weight`.
+    guarantee stays available to its tenant. `tilt`: a further factor per tenant (the
+    DEFICITS mode's `tilts`). Sets `problem.weight`.
     """
     tenants = Tenants.of_state(problem.state)
     count = len(tenants.names)
@@ -241,11 +250,110 @@ def weigh(problem: Problem) -> Quota:
     budget = np.minimum(tenants.cap, total - (floor.sum() - floor))
     per_job = np.where(jobs > 0, entitled / np.maximum(jobs, 1), 0.0)
     weight = per_job[tenants.of_job] ** (1.0 - problem.params.p)
+    if tilt is not None:
+        weight = weight * tilt[tenants.of_job]
     positive = weight[weight > 0]
     if positive.size:  # tenants entitled to nothing weigh least: they borrow what is left
         problem.weight = np.where(weight > 0, weight, positive.min()) / positive.max()
     goodput = np.full(count, np.nan)
     return Quota(tenants, budget, entitled, floor, ceiling, goodput)
+
+
+HORIZON = 600.0
+"""Seconds over which a tenant's shortfall is made up (the DEFICITS controller's time constant).
+
+Ten minutes: several scheduling rounds at Pollux's 60 s interval, so that the few rounds a
+re-allocation takes to pay off (the restart penalty makes Pollux keep allocations a while)
+do not make the loop overshoot, yet short against the hours that tenants' busy periods and
+most jobs last, so that a shortfall is repaid to the jobs that suffered it."""
+
+MEMORY = 4 * 3600.0
+"""Seconds over which a deficit is forgotten (exponential decay), so that the distant past
+(jobs long finished) does not steer today. 24 × HORIZON: with a leak the controller settles
+with an error of about ln(1/β) · HORIZON / MEMORY, 1 % for a round-by-round bias β = 0.8."""
+
+MOST_TILT = 4.0
+"""Most a deficit may scale a tenant's share target, either way (anti-windup): a tenant that
+cannot catch up (its jobs scale badly) is not given unbounded weight over everyone else."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """The DEFICITS mode's memory between rounds (`AllocationDecision.memory`).
+
+    Attributes:
+        now: The time of the round that wrote it.
+        deficit: Per tenant name, its relative goodput shortfall integrated over time
+            (seconds at its full entitled share it is owed; negative: it is ahead).
+        error: Per tenant name, the relative shortfall (e_t − s_t) / e_t of the allocation
+            that round chose, which holds until the next round (0 when not contending).
+    """
+
+    now: float
+    deficit: Mapping[str, float]
+    error: Mapping[str, float]
+
+
+def tilts(ledger: Ledger | None, names: Sequence[str], p: float) -> FloatArray:
+    """Each tenant's weight factor: exp(deficit / HORIZON) as a goodput share, raised to 1 − p.
+
+    A share target scaled by r needs the weight scaled by r^(1 − p) (see `weigh`), so a tenant
+    owed HORIZON seconds of its share aims e-fold higher, whatever p. Without a ledger (the
+    first round) every factor is 1: exactly the WEIGHTS mode.
+    """
+    if ledger is None:
+        return np.ones(len(names))
+    limit = HORIZON * math.log(MOST_TILT)
+    owed = np.array([ledger.deficit.get(name, 0.0) for name in names])
+    return np.asarray(np.exp(_sensitivity(p) * np.clip(owed, -limit, limit) / HORIZON))
+
+
+def account(
+    ledger: Ledger | None, quota: Quota, problem: Problem, decision: AllocationDecision
+) -> Ledger:
+    """The ledger after this round: last round's error integrated, this round's recorded.
+
+    Each interval between rounds adds the error of the allocation that ran in it times its
+    length (capped at HORIZON, so a scheduler that was down does not settle a backlog at
+    once) and decays the deficit by exp(−dt / MEMORY). The error counts only among
+    *contending* tenants, those with an entitlement and a job holding fewer GPUs than it may
+    use: a satisfied tenant is owed nothing (max-min fairness), and GPUs it leaves are the
+    others' to share. Their shares are s_t = G_t / Σ G and e_t = E_t / Σ E over contenders.
+    A tenant at its cap gains no deficit (more weight could not get it more) and one holding
+    no more than its guarantee no credit (less weight could not take its guarantee away).
+    """
+    names = quota.tenants.names
+    now = problem.state.now
+    previous = ledger or Ledger(now, {}, {})
+    dt = min(max(now - previous.now, 0.0), HORIZON)
+    decay = math.exp(-dt / MEMORY)
+    deficit = {
+        name: previous.deficit.get(name, 0.0) * decay + previous.error.get(name, 0.0) * dt
+        for name in names
+    }
+    limit = HORIZON * math.log(MOST_TILT)
+    deficit = {name: min(max(owed, -limit), limit) for name, owed in deficit.items()}
+    jobs = list(decision.allocations)
+    gpus = np.array([len(decision.allocations[name]) for name in jobs], dtype=np.int64)
+    speed = np.array([decision.explain[name].speedup for name in jobs])
+    count = len(names)
+    goodput = np.bincount(quota.of_job, weights=speed, minlength=count)
+    unmet = np.bincount(quota.of_job, weights=gpus < problem.max_k, minlength=count) > 0
+    contending = unmet & (quota.entitled > 0)
+    error = np.zeros(count)
+    if contending.sum() > 1 and goodput[contending].sum() > 0:
+        share = goodput / goodput[contending].sum()
+        entitled = quota.entitled / quota.entitled[contending].sum()
+        error[contending] = 1.0 - share[contending] / entitled[contending]
+        held = quota.usage(gpus)
+        error = np.where(held >= quota.tenants.cap, np.minimum(error, 0.0), error)
+        error = np.where(held <= quota.floor, np.maximum(error, 0.0), error)
+    return Ledger(now, deficit, dict(zip(names, error.tolist(), strict=True)))
+
+
+def _sensitivity(p: float) -> float:
+    """The change of log(weight) per change of log(share) at the optimum: 1 − p (1 at p ≥ 1)."""
+    return 1.0 - p if p < 1 else 1.0
 
 
 def explained(decision: AllocationDecision, quota: Quota) -> AllocationDecision:

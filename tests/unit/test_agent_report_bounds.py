@@ -24,26 +24,7 @@ from pollux.agent.report_bounds import (
 from pollux.goodput import PerfParams, step_times
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
-
-
-def obs(
-    nodes: int = 1,
-    replicas: int = 1,
-    local: int = 32,
-    accum: int = 1,
-    accum_s: float = 0.1,
-    optim_s: float = 0.2,
-    count: int = 1,
-) -> pb.StepObservation:
-    return pb.StepObservation(
-        num_nodes=nodes,
-        num_replicas=replicas,
-        local_batch_size=local,
-        accum_steps=accum,
-        accum_step_time_s=accum_s,
-        optim_step_time_s=optim_s,
-        count=count,
-    )
+from tests.unit.test_agent_profile import obs
 
 
 def report(

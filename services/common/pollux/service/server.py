@@ -66,10 +66,11 @@ class ServiceHost:
         self.tls = tls
         self.require_client_certificate = require_client_certificate
         self.insecure = insecure
-        if tls is None and not is_loopback(listen) and not insecure:
+        exposed = [a for a in (listen, metrics_listen) if tls is None and a and not is_loopback(a)]
+        if exposed and not insecure:
             raise ConfigError(
                 [
-                    f"server.listen: {listen} is reachable from other machines, and this "
+                    f"server: {', '.join(exposed)} is reachable from other machines, and this "
                     "service has no TLS: set tls.ca_file, tls.cert_file and tls.key_file "
                     "(pollux-up makes them), or bind 127.0.0.1, or pass --insecure to serve "
                     "plaintext without authentication anyway"
@@ -146,7 +147,20 @@ class ServiceHost:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_listen is not None:
             host, _, port = self.metrics_listen.rpartition(":")
-            self._metrics_server, _ = prometheus_client.start_http_server(int(port), host or "")
+            tls: dict[str, Any] = {}
+            if self.tls is not None:
+                # HTTPS for scrapers holding a certificate of the cluster CA (files read once:
+                # a renewed certificate reaches this endpoint at the next restart).
+                ca, cert, key = (str(path) for path in self.tls.paths)
+                tls = {
+                    "certfile": cert,
+                    "keyfile": key,
+                    "client_cafile": ca,
+                    "client_auth_required": True,
+                }
+            self._metrics_server, _ = prometheus_client.start_http_server(
+                int(port), host or "", **tls
+            )
             self.metrics_port = int(self._metrics_server.server_port)
         log.info(
             "server_started",

@@ -620,7 +620,7 @@ class Store:
             start = bytes(kvs[-1].key) + b"\0"
 
     async def newest(self, prefix: bytes, cls: type[M], *, limit: int) -> list[Entry[M]]:
-        """The last `limit` messages under a prefix in key order, last first (audit, usage)."""
+        """The last `limit` messages under a prefix in key order, last first (decisions, audit)."""
         response = await self._call(
             "Range",
             rpc.RangeRequest(
@@ -957,15 +957,5 @@ class Store:
 
     async def latest_decisions(self, limit: int) -> list[pb.Decision]:
         """The most recent decisions, newest first."""
-        prefix = self.keys.prefix(Kind.DECISIONS)
-        response = await self._call(
-            "Range",
-            rpc.RangeRequest(
-                key=prefix,
-                range_end=_prefix_end(prefix),
-                limit=limit,
-                sort_order=rpc.RangeRequest.DESCEND,
-                sort_target=rpc.RangeRequest.KEY,
-            ),
-        )
-        return [decode(pb.Decision, kv.value, kv.key) for kv in response.kvs]
+        entries = await self.newest(self.keys.prefix(Kind.DECISIONS), pb.Decision, limit=limit)
+        return [e.value for e in entries]
