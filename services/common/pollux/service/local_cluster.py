@@ -441,7 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         interval_s=args.interval,
         secure=not args.insecure,
     )
+    # Both explicitly: a shell that starts pollux-up in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     print(f"starting a local cluster in {workdir} ...", flush=True)
     try:
         cluster.start()
