@@ -36,6 +36,11 @@ from pollux.service.pki import PkiError, identity_of
 ADMIN, USER, SERVICE, JOB = "admin", "user", "service", "job"
 TOKEN_PREFIX = "pollux_"
 JOB_CREDENTIAL_PREFIX = "pjc."
+HOW_JOBS_AUTHENTICATE = (
+    "replicas send the job credential their launcher gives them (POLLUX_JOB_CREDENTIAL; "
+    "pollux.train does so by itself)"
+)
+HOW_SERVICES_AUTHENTICATE = "callers present a certificate of the cluster CA"
 HOW_TO_AUTHENTICATE = (
     "pollux-cli sends the token of its current context (~/.config/pollux/config.toml, "
     "written by pollux-up) or of POLLUX_TOKEN; an admin issues one with "
@@ -205,6 +210,13 @@ class Authenticator:
         self._tokens = tokens
         self._job_key = job_key
         self._roles = roles
+        self._hint = (
+            HOW_TO_AUTHENTICATE
+            if tokens is not None
+            else HOW_JOBS_AUTHENTICATE
+            if job_key is not None
+            else HOW_SERVICES_AUTHENTICATE
+        )
 
     async def authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
         """The caller, proved by its certificate or bearer credential, if its role may call.
@@ -224,7 +236,7 @@ class Authenticator:
         if credential is None:
             if by_certificate is not None:
                 return by_certificate
-            raise Unauthenticated(f"no credential: {HOW_TO_AUTHENTICATE}")
+            raise Unauthenticated(f"no credential: {self._hint}")
         if credential.startswith(JOB_CREDENTIAL_PREFIX) and self._job_key is not None:
             job_id = job_of_credential(await self._job_key(), credential)
             if job_id is None:
@@ -232,9 +244,7 @@ class Authenticator:
             return Principal(job_id, JOB, via="job-credential")
         if credential.startswith(TOKEN_PREFIX) and self._tokens is not None:
             return await self._tokens(credential)
-        raise Unauthenticated(
-            f"this service does not accept that kind of credential: {HOW_TO_AUTHENTICATE}"
-        )
+        raise Unauthenticated(f"this service does not accept that kind of credential: {self._hint}")
 
 
 # -- authorisation -----------------------------------------------------------------------------
