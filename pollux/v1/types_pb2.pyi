@@ -73,7 +73,7 @@ class BatchLimits(_message.Message):
     def __init__(self, initial_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., min_local_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "command", "env", "working_dir", "batch", "scaling_rule", "max_replicas", "max_failures", "stop_grace_s", "labels", "secret_env")
+    __slots__ = ("name", "command", "env", "working_dir", "batch", "scaling_rule", "max_replicas", "max_failures", "stop_grace_s", "labels", "secret_env", "image", "shm_size_mb", "mounts")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,9 @@ class JobSpec(_message.Message):
     STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    SHM_SIZE_MB_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
@@ -117,7 +120,20 @@ class JobSpec(_message.Message):
     stop_grace_s: int
     labels: _containers.ScalarMap[str, str]
     secret_env: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., scaling_rule: _Optional[_Union[ScalingRule, str]] = ..., max_replicas: _Optional[int] = ..., max_failures: _Optional[int] = ..., stop_grace_s: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    image: str
+    shm_size_mb: int
+    mounts: _containers.RepeatedCompositeFieldContainer[Mount]
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., scaling_rule: _Optional[_Union[ScalingRule, str]] = ..., max_replicas: _Optional[int] = ..., max_failures: _Optional[int] = ..., stop_grace_s: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., image: _Optional[str] = ..., shm_size_mb: _Optional[int] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ...) -> None: ...
+
+class Mount(_message.Message):
+    __slots__ = ("host_path", "container_path", "read_only")
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    host_path: str
+    container_path: str
+    read_only: bool
+    def __init__(self, host_path: _Optional[str] = ..., container_path: _Optional[str] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class StateTransition(_message.Message):
     __slots__ = ("state", "time", "reason")

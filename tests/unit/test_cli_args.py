@@ -28,6 +28,7 @@ from pollux.client.types import (
     Explanation,
     Job,
     JobSpec,
+    Mount,
     NodeStatus,
 )
 
@@ -155,6 +156,9 @@ def test_global_options_work_before_or_after_the_command():
         ["submit", "--batch-size", "-5"],
         ["submit", "--env", "=x"],
         ["submit", "--scaling-rule", "cubic"],
+        ["submit", "--mount", "/only-one-path"],
+        ["submit", "--mount", "/a:/b:rx"],
+        ["submit", "--shm-size", "-1"],
         ["top", "--interval", "-1"],
     ],
     ids=lambda argv: " ".join(argv) or "no command",
@@ -243,6 +247,32 @@ def test_env_and_labels_merge_key_by_key(tmp_path):
     spec = submit_args(tmp_path, "--env", "B=flag", "--env", "C=x=y", "--label", "tier=gold")
     assert spec.env == {"A": "file", "B": "flag", "C": "x=y"}
     assert spec.labels == {"team": "vision", "tier": "gold"}
+
+
+def test_container_flags(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "name: c\ncommand: [python, t.py]\ninitial_batch_size: 8\nmounts: [/srv:/srv:ro]\n"
+    )
+    args = parse(
+        "submit",
+        "-f",
+        str(tmp_path / "c.yaml"),
+        "--image",
+        "localhost/train:1",
+        "--shm-size",
+        "512",
+        "--mount",
+        "/data:/data",
+        "--mount",
+        "/ckpt:/in:ro",
+    )
+    spec = cli.spec_from_args(args)
+    assert (spec.image, spec.shm_size_mb) == ("localhost/train:1", 512)
+    assert spec.mounts == (  # the file's first, then the flags'
+        Mount("/srv", "/srv", read_only=True),
+        Mount("/data", "/data"),
+        Mount("/ckpt", "/in", read_only=True),
+    )
 
 
 def test_the_command_after_double_dash_replaces_the_file_command(tmp_path):

@@ -21,6 +21,7 @@ from pollux.client.types import (
     JobSpec,
     Member,
     ModelSummary,
+    Mount,
     NodeStatus,
     RoundInfo,
     ThroughputParams,
@@ -57,6 +58,9 @@ specs = st.builds(
     max_failures=U32,
     stop_grace_s=U32,
     labels=WORDS,
+    image=TEXT,
+    shm_size_mb=U32,
+    mounts=st.lists(st.builds(Mount, TEXT, TEXT, read_only=st.booleans()), max_size=2).map(tuple),
 )
 allocations = st.builds(
     Allocation,

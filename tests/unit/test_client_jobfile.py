@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pollux.client.errors import InvalidArgumentError, JobSpecError
-from pollux.client.types import JobSpec, read_job_file
+from pollux.client.types import JobSpec, Mount, read_job_file
 
 WANT = JobSpec(
     name="cifar",
@@ -177,6 +177,20 @@ def problems_of(**changes: object) -> dict[str, str]:
         ({"labels": {"team": ["a"]}}, "labels.team", "expected a string, got list"),
         ({"max_batch": 4}, "max_batch", "unknown key (did you mean 'max_batch_size'?)"),
         ({"gpus": 4}, "gpus", "unknown key; known keys: name, command"),
+        ({"image": ["ubuntu"]}, "image", "expected a string, got list"),
+        ({"shm_size_mb": "1g"}, "shm_size_mb", "expected a whole number, got str"),
+        ({"mounts": "/a:/b"}, "mounts", "expected a list of SRC:DST[:ro] entries, got str"),
+        ({"mounts": ["/a"]}, "mounts[0]", "'/a' is not SRC:DST[:ro]"),
+        ({"mounts": ["/a:/b:rx"]}, "mounts[0]", "is not SRC:DST[:ro]"),
+        ({"mounts": ["/a:/b:c:ro"]}, "mounts[0]", "is not SRC:DST[:ro]"),
+        ({"mounts": [{"host_path": "/a"}]}, "mounts[0]", "must both be strings"),
+        ({"mounts": [{"src": "/a"}]}, "mounts[0]", "unknown keys src"),
+        (
+            {"mounts": [{"host_path": "/a", "container_path": "/b", "read_only": "yes"}]},
+            "mounts[0]",
+            "read_only must be true or false, got str",
+        ),
+        ({"mounts": [3]}, "mounts[0]", "expected SRC:DST[:ro] or a mapping, got int"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -257,3 +271,35 @@ def test_the_sample_job_file_is_a_valid_spec():
     spec = JobSpec.from_file(Path(__file__).resolve().parents[2] / "examples" / "elastic_job.yaml")
     assert Path(spec.working_dir, spec.command[1]).is_file()
     assert spec.initial_batch_size < spec.max_batch_size
+
+
+def test_container_keys_from_strings_or_mappings():
+    spec = JobSpec.from_mapping(
+        {
+            "name": "c",
+            "command": "python train.py",
+            "initial_batch_size": 8,
+            "image": "ghcr.io/org/train:1.2",
+            "shm_size_mb": 2048,
+            "mounts": [
+                "/srv/data:/data:ro",
+                "/scratch:/scratch",
+                {"host_path": "/a", "container_path": "/b", "read_only": True},
+                {"host_path": "/c", "container_path": "/d"},
+            ],
+        }
+    )
+    assert (spec.image, spec.shm_size_mb) == ("ghcr.io/org/train:1.2", 2048)
+    assert spec.mounts == (
+        Mount("/srv/data", "/data", read_only=True),
+        Mount("/scratch", "/scratch"),
+        Mount("/a", "/b", read_only=True),
+        Mount("/c", "/d"),
+    )
+    assert [str(m) for m in spec.mounts] == [
+        "/srv/data:/data:ro",
+        "/scratch:/scratch",
+        "/a:/b:ro",
+        "/c:/d",
+    ]
+    assert Mount.parse("/x:/y:rw") == Mount("/x", "/y")

@@ -31,6 +31,10 @@ def good_spec(**changes: object) -> pb.JobSpec:
     return spec
 
 
+def _mount(host: str, target: str, *, read_only: bool = False) -> pb.Mount:
+    return pb.Mount(host_path=host, container_path=target, read_only=read_only)
+
+
 def problems(spec: pb.JobSpec, request_id: str = "r-1") -> dict[str, str]:
     try:
         validate_submit(spec, request_id, True)
@@ -56,7 +60,76 @@ BAD = {
     "an unknown scaling rule": (good_spec(scaling_rule=99), "spec.scaling_rule"),
     "a label key with a space": (good_spec(labels={"my key": "v"}), "spec.labels['my key']"),
     "an env name ending in a newline": (good_spec(env={"A\n": "v"}), "spec.env['A\\n']"),
+    "an image with uppercase": (good_spec(image="Ubuntu:22.04"), "spec.image"),
+    "an image with a space": (good_spec(image="ubuntu 22.04"), "spec.image"),
+    "an image ending in a newline": (good_spec(image="ubuntu\n"), "spec.image"),
+    "an image with an empty tag": (good_spec(image="ubuntu:"), "spec.image"),
+    "an image with a short digest": (good_spec(image="ubuntu@sha256:abc"), "spec.image"),
+    "an image with a bad port": (good_spec(image="reg:port/ubuntu"), "spec.image"),
+    "an overlong image": (good_spec(image="a" * 513), "spec.image"),
+    "shm without an image": (good_spec(shm_size_mb=64), "spec.shm_size_mb"),
+    "mounts without an image": (good_spec(mounts=[_mount("/a", "/b")]), "spec.mounts"),
+    "too much shm": (good_spec(image="u", shm_size_mb=2**20 + 1), "spec.shm_size_mb"),
+    "a relative mount source": (
+        good_spec(image="u", mounts=[_mount("data", "/data")]),
+        "spec.mounts[0].host_path",
+    ),
+    "a relative mount target": (
+        good_spec(image="u", mounts=[_mount("/data", "data")]),
+        "spec.mounts[0].container_path",
+    ),
+    "a colon in a mount source": (
+        good_spec(image="u", mounts=[_mount("/a:b", "/data")]),
+        "spec.mounts[0].host_path",
+    ),
+    "a comma in a mount target": (
+        good_spec(image="u", mounts=[_mount("/a", "/d,ata")]),
+        "spec.mounts[0].container_path",
+    ),
+    "a NUL in a mount source": (
+        good_spec(image="u", mounts=[_mount("/a\x00", "/data")]),
+        "spec.mounts[0].host_path",
+    ),
+    "a newline in a mount target": (
+        good_spec(image="u", mounts=[_mount("/a", "/da\nta")]),
+        "spec.mounts[0].container_path",
+    ),
+    "a .. in a mount source": (
+        good_spec(image="u", mounts=[_mount("/srv/../etc", "/data")]),
+        "spec.mounts[0].host_path",
+    ),
+    "a mount over the container root": (
+        good_spec(image="u", mounts=[_mount("/srv", "/")]),
+        "spec.mounts[0].container_path",
+    ),
+    "a target mounted twice": (
+        good_spec(image="u", mounts=[_mount("/a", "/data"), _mount("/b", "/data")]),
+        "spec.mounts[1].container_path",
+    ),
+    "too many mounts": (
+        good_spec(image="u", mounts=[_mount(f"/a{i}", f"/b{i}") for i in range(33)]),
+        "spec.mounts",
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu",
+        "ubuntu:22.04",
+        "library/ubuntu:22.04",
+        "ghcr.io/org/team/train:1.2.3-cuda12",
+        "localhost/pollux-base:bookworm",
+        "registry.example.com:5000/ml/train_v2",
+        "127.0.0.1:5000/train",
+        "train@sha256:" + "a" * 64,
+        "ghcr.io/org/train:1.2@sha256:" + "0123456789abcdef" * 4,
+    ],
+)
+def test_image_references_are_accepted(image: str) -> None:
+    mounts = [_mount("/srv/data", "/data", read_only=True), _mount("/scratch", "/scratch")]
+    assert problems(good_spec(image=image, shm_size_mb=2048, mounts=mounts)) == {}
 
 
 @pytest.mark.parametrize("case", sorted(BAD), ids=str)

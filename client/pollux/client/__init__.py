@@ -21,6 +21,7 @@ from pollux.client.types import (
     Explanation,
     Job,
     JobSpec,
+    Mount,
     NodeStatus,
     Transition,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobSpec",
+    "Mount",
     "NodeStatus",
     "NotFoundError",
     "PolluxError",

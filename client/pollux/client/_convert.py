@@ -25,6 +25,7 @@ from pollux.client.types import (
     JobSpec,
     Member,
     ModelSummary,
+    Mount,
     NodeStatus,
     RoundInfo,
     ThroughputParams,
@@ -114,6 +115,12 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         stop_grace_s=spec.stop_grace_s,
         labels=dict(spec.labels),
         secret_env=dict(spec.secret_env),
+        image=spec.image,
+        shm_size_mb=spec.shm_size_mb,
+        mounts=[
+            pb.Mount(host_path=m.host_path, container_path=m.container_path, read_only=m.read_only)
+            for m in spec.mounts
+        ],
     )
     out.scaling_rule = _RULE_NUMBERS[spec.scaling_rule]  # type: ignore[assignment]
     return out
@@ -137,6 +144,11 @@ def spec_from_proto(message: pb.JobSpec) -> JobSpec:
         stop_grace_s=message.stop_grace_s,
         labels=dict(message.labels),
         secret_env=dict(message.secret_env),
+        image=message.image,
+        shm_size_mb=message.shm_size_mb,
+        mounts=tuple(
+            Mount(m.host_path, m.container_path, read_only=m.read_only) for m in message.mounts
+        ),
     )
 
 

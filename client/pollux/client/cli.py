@@ -28,6 +28,7 @@ from pollux.client.types import (
     SCALING_RULES,
     TERMINAL_STATES,
     JobSpec,
+    Mount,
     read_job_file,
 )
 
@@ -49,6 +50,8 @@ _SPEC_FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--max-failures", "max_failures", int, "failed replica exits tolerated (default 3)"),
     ("--stop-grace", "stop_grace_s", int, "seconds from SIGTERM to SIGKILL (default 30)"),
     ("--workdir", "working_dir", str, "working directory of every replica"),
+    ("--image", "image", str, "OCI image the replicas run in (the launcher needs a runtime)"),
+    ("--shm-size", "shm_size_mb", int, "container /dev/shm size in MiB (default: runtime's)"),
 )
 
 
@@ -83,6 +86,14 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
+
+
+def mount(text: str) -> Mount:
+    """Parse ``SRC:DST[:ro]`` (an argparse type)."""
+    try:
+        return Mount.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def job_state(text: str) -> str:
@@ -162,6 +173,15 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     submit.add_argument(
         "--label", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
     )
+    submit.add_argument(
+        "--mount",
+        type=mount,
+        action="append",
+        default=[],
+        metavar="SRC:DST[:ro]",
+        help="bind-mount a host directory into the job's container (repeatable; the "
+        "launcher must allow SRC)",
+    )
     submit.add_argument("--request-id", metavar="ID", help="idempotency key (default: a new UUID)")
     submit.add_argument(
         "argv", nargs="*", metavar="-- COMMAND", help="the replica's command line, after --"
@@ -219,8 +239,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     """The submitted spec: the job file (if any), then every flag given on top of it.
 
-    `env` and `labels` merge key by key (a flag wins over the file for the same key); the
-    command after ``--`` replaces the file's command.
+    `env` and `labels` merge key by key (a flag wins over the file for the same key);
+    ``--mount`` entries are added after the file's; the command after ``--`` replaces the
+    file's command.
 
     Raises:
         JobSpecError: The file or the merged result is not a valid spec.
@@ -237,6 +258,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             merged = dict(base) if isinstance(base, Mapping) else {}
             merged.update(pairs)
             data[key] = merged
+    if args.mount:
+        base_mounts = data.get("mounts")
+        data["mounts"] = [*(base_mounts if isinstance(base_mounts, list) else []), *args.mount]
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]

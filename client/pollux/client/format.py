@@ -197,6 +197,7 @@ def job_details(job: Job, now: datetime) -> str:
         ("GPU time", f"{job.attained_gpu_seconds / 3600:.2f} GPU-hours"),
         ("Command", shlex.join(spec.command) or NONE),
         ("Working dir", spec.working_dir or NONE),
+        ("Image", spec.image or NONE),
         ("Batch", batch_limits(spec)),
         ("Scaling rule", spec.scaling_rule),
         ("Max replicas", spec.max_replicas or "no limit"),
@@ -205,6 +206,11 @@ def job_details(job: Job, now: datetime) -> str:
         ("Secret env", ", ".join(sorted(spec.secret_env)) or NONE),
         ("Labels", _pairs(spec.labels)),
     ]
+    if spec.image:
+        head[head.index(("Image", spec.image)) + 1 : 0] = [
+            ("Shm size", f"{spec.shm_size_mb} MiB" if spec.shm_size_mb else "runtime default"),
+            ("Mounts", ", ".join(map(str, spec.mounts)) or NONE),
+        ]
     history = table(
         ("TIME", "STATE", "REASON"),
         ((timestamp(t.time), t.state, t.reason or NONE) for t in job.history),

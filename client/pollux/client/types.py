@@ -48,6 +48,40 @@ TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host directory bind-mounted into a job's container (only with `JobSpec.image`).
+
+    The launcher runs the job only when `host_path` lies under one of its
+    ``container_mounts_allowed`` prefixes; the server checks both paths are absolute.
+    """
+
+    host_path: str
+    """Absolute path on the node."""
+    container_path: str
+    """Absolute path inside the container."""
+    read_only: bool = False
+    """Mount read-only."""
+
+    @classmethod
+    def parse(cls, text: str) -> Mount:
+        """Parse ``SRC:DST`` or ``SRC:DST:ro`` (``:rw`` is accepted and is the default).
+
+        Raises:
+            ValueError: `text` is not of that form, saying what is wrong.
+        """
+        parts = text.split(":")
+        mode = parts.pop() if len(parts) == 3 else "rw"
+        if len(parts) != 2 or not all(parts) or mode not in ("ro", "rw"):
+            raise ValueError(
+                f"{text!r} is not SRC:DST[:ro] (two absolute paths, no ':' inside either)"
+            )
+        return cls(parts[0], parts[1], read_only=mode == "ro")
+
+    def __str__(self) -> str:
+        return f"{self.host_path}:{self.container_path}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What a user submits; immutable once accepted.
 
@@ -86,6 +120,13 @@ class JobSpec:
     secret_env: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
     """Environment whose values are secret: given to every replica, never shown by the API
     (a job read back shows "<secret>")."""
+    image: str = ""
+    """OCI image every replica runs in (``[registry/]name[:tag][@sha256:digest]``); empty runs
+    `command` as a plain process. The node's launcher must have a container runtime."""
+    shm_size_mb: int = 0
+    """Size of the container's /dev/shm in MiB; 0 means the runtime's default (64)."""
+    mounts: tuple[Mount, ...] = ()
+    """Extra host directories mounted into the container (each allowed by the launcher)."""
 
     def __post_init__(self) -> None:
         # Accept any sequence and mapping, but store our own immutable-by-convention copies so
@@ -94,6 +135,7 @@ class JobSpec:
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "labels", dict(self.labels))
         object.__setattr__(self, "secret_env", dict(self.secret_env))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -101,7 +143,9 @@ class JobSpec:
 
         `command` may be a list of strings or one string (split like a POSIX shell would, but
         still run without one). `env` values may be strings or numbers; booleans are refused
-        because YAML's ``true`` would silently become ``"True"``.
+        because YAML's ``true`` would silently become ``"True"``. Each `mounts` entry is
+        ``"SRC:DST[:ro]"`` or a mapping with ``host_path``, ``container_path`` and optionally
+        ``read_only``.
 
         Raises:
             JobSpecError: Listing every unknown, missing or ill-typed key, each by name.
@@ -347,6 +391,7 @@ _INT_KEYS = (
     "max_replicas",
     "max_failures",
     "stop_grace_s",
+    "shm_size_mb",
 )
 _REQUIRED = ("name", "command", "initial_batch_size")
 SPEC_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobSpec))
@@ -413,6 +458,7 @@ def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
     for key in ("env", "labels", "secret_env"):
         if (mapping := data.get(key)) is not None:
             values[key] = _string_map(key, mapping, problems)
+    _container_keys(data, values, problems)
     if problems:
         keys = ", ".join(dict.fromkeys(k for k, _ in problems))
         raise JobSpecError(f"invalid job spec ({keys})", problems)
@@ -480,3 +526,43 @@ def _string_map(key: str, value: Any, problems: list[tuple[str, str]]) -> dict[s
         else:
             out[name] = str(item)
     return out
+
+
+def _container_keys(
+    data: Mapping[str, Any], values: dict[str, Any], problems: list[tuple[str, str]]
+) -> None:
+    """Read `image` and `mounts` (`shm_size_mb` is one of the whole-number keys)."""
+    if (image := data.get("image")) is not None:
+        values["image"] = _string("image", image, problems)
+    if (mounts := data.get("mounts")) is not None:
+        values["mounts"] = _mounts(mounts, problems)
+
+
+def _mounts(value: Any, problems: list[tuple[str, str]]) -> tuple[Mount, ...]:
+    if not isinstance(value, list | tuple):
+        problems.append(("mounts", f"expected a list of SRC:DST[:ro] entries, got {_kind(value)}"))
+        return ()
+    out: list[Mount] = []
+    for i, item in enumerate(value):
+        key = f"mounts[{i}]"
+        if isinstance(item, Mount):
+            out.append(item)
+        elif isinstance(item, str):
+            try:
+                out.append(Mount.parse(item))
+            except ValueError as error:
+                problems.append((key, str(error)))
+        elif isinstance(item, Mapping):
+            unknown = sorted(set(map(str, item)) - {"host_path", "container_path", "read_only"})
+            src, dst, ro = item.get("host_path"), item.get("container_path"), item.get("read_only")
+            if unknown:
+                problems.append((key, f"unknown keys {', '.join(unknown)}"))
+            elif not isinstance(src, str) or not isinstance(dst, str):
+                problems.append((key, "host_path and container_path must both be strings"))
+            elif ro is not None and not isinstance(ro, bool):
+                problems.append((key, f"read_only must be true or false, got {_kind(ro)}"))
+            else:
+                out.append(Mount(src, dst, read_only=bool(ro)))
+        else:
+            problems.append((key, f"expected SRC:DST[:ro] or a mapping, got {_kind(item)}"))
+    return tuple(out)

@@ -13,6 +13,7 @@ import re
 import socket
 from pathlib import Path
 
+from pollux.launcher.containers import RUNTIMES
 from pollux.launcher.job_policy import JobPolicy
 from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 
@@ -60,6 +61,16 @@ class LauncherConfig:
     """Exited replicas kept for ListReplicas and StreamLogs."""
     job_policy: JobPolicy = dataclasses.field(default_factory=JobPolicy)
     """What a job may ask of this node: directories, environment, user (job_policy.py)."""
+    runtime: str = "process"
+    """How replicas run: "process" (plain processes; a job naming an image is refused) or
+    "podman" / "docker" (a job naming an image runs in a container, others stay processes;
+    containers.py)."""
+    runtime_flags: tuple[str, ...] = ()
+    """Extra arguments of every ``<runtime> run``, one argv element each, placed right after
+    ``run`` (e.g. ["--runtime", "runc", "--ulimit", "nofile=1024:1024"])."""
+    container_mounts_allowed: tuple[Path, ...] = ()
+    """Host path prefixes a job's ``mounts`` may name (resolved; none by default: a job's
+    container sees only its checkpoint directory of the host)."""
 
     def label_map(self) -> dict[str, str]:
         """Labels as a dict (entries validated by `problems`)."""
@@ -88,6 +99,18 @@ class LauncherConfig:
         out.extend(f"{name}: must be > 0" for name, value in positive.items() if value <= 0)
         if self.replica_history < 0:
             out.append("replica_history: must be >= 0")
+        return out + self._runtime_problems()
+
+    def _runtime_problems(self) -> list[str]:
+        out = []
+        if self.runtime not in RUNTIMES:
+            out.append(f"runtime: {self.runtime!r} must be one of {', '.join(RUNTIMES)}")
+        for flag in self.runtime_flags:
+            if not flag or "\0" in flag:
+                out.append(f"runtime_flags: {flag!r} must be a non-empty argument without NUL")
+        for prefix in self.container_mounts_allowed:
+            if not prefix.is_absolute():
+                out.append(f"container_mounts_allowed: {str(prefix)!r} must be an absolute path")
         return out
 
     def _identity_problems(self) -> list[str]:

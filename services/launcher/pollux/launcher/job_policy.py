@@ -38,6 +38,16 @@ like any replica that cannot start. The rules, and why:
   that existing clusters, whose job files may be readable by root alone, keep working — with a
   warning at every launcher start; ``allow_root = false`` refuses to run them as root instead.
   All jobs share the one uid, so they are isolated from the host, not from each other.
+- **Containers** (a job naming an ``image``; containers.py). ``working_dir`` is a path in the
+  image, so it need only be absolute; the replica user is the same ``run_as_uid``, or nobody
+  (65534) for a root launcher with none set, so ``allow_root = false`` has nothing to refuse.
+  The environment rules stand (the runtime's client, a host program running as the launcher's
+  user, gets the job's variables so that it can pass them on by name), and a job may not set
+  what configures that client either (`RUNTIME_CLIENT_PREFIXES`, `RUNTIME_CLIENT_NAMES`:
+  ``CONTAINERS_CONF`` or ``HOME`` could point root's podman at a job-written configuration,
+  ``DOCKER_HOST`` docker at another daemon); `JobPolicy.allow_env` lifts that too. A host
+  path a job mounts must lie in the launcher's ``container_mounts_allowed``
+  (`containers.mount_problems`).
 """
 
 from __future__ import annotations
@@ -55,6 +65,23 @@ LOADER_PREFIXES = ("LD_",)
 """Environment prefixes of the dynamic loader, refused in a job's environment."""
 LOADER_NAMES = ("GLIBC_TUNABLES", "GCONV_PATH")
 """Other variables that make glibc load job-chosen code or parse job input as root does."""
+RUNTIME_CLIENT_PREFIXES = ("CONTAINERS_", "CONTAINER_", "DOCKER_", "PODMAN_", "BUILDAH_", "XDG_")
+"""Variables the container runtimes' clients read, refused in an image job's environment."""
+RUNTIME_CLIENT_NAMES = (
+    "HOME",
+    "TMPDIR",
+    "REGISTRY_AUTH_FILE",
+    "NOTIFY_SOCKET",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "GODEBUG",
+    "GOTRACEBACK",
+    "GOMAXPROCS",
+    "GOGC",
+    "GOMEMLIMIT",
+)
+"""More of them (configuration lookup, socket activation, the Go runtime's knobs)."""
 RESERVED_PREFIX = "POLLUX_"
 """The replica contract's prefix (docs/architecture.md §7)."""
 _ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
@@ -136,14 +163,22 @@ class JobPolicy:
         launcher_uid: int,
     ) -> str:
         """Why the job may not run here, each problem with its fix; empty when it may."""
+        # Read by name, like secret_env: a container's working_dir is a path in its image.
+        image = getattr(spec, "image", "")
+        if image:
+            work = _container_working_dir_problems(spec.working_dir)
+        else:
+            work = self._working_dir_problems(spec.working_dir, default_working_dir)
         problems = [
-            *self._working_dir_problems(spec.working_dir, default_working_dir),
+            *work,
             *checkpoint_problems(job_id, checkpoint_root),
-            *self.env_problems(spec.env, "env"),
+            *self.env_problems(spec.env, "env", container=bool(image)),
             # Read by name: the field is newer than some JobSpec builds this runs beside.
-            *self.env_problems(getattr(spec, "secret_env", {}), "secret_env"),
+            *self.env_problems(
+                getattr(spec, "secret_env", {}), "secret_env", container=bool(image)
+            ),
         ]
-        if self.root_refused(launcher_uid):
+        if self.root_refused(launcher_uid) and not image:
             problems.append(
                 "replicas would run as root, which job_policy.allow_root = false forbids: set "
                 "job_policy.run_as_uid on the launcher (e.g. 65534, nobody)"
@@ -166,11 +201,19 @@ class JobPolicy:
         via = "" if real == working_dir else f" (it resolves to {real})"
         return [f"working_dir {working_dir}{via} is outside the allowed roots {shown}: {fix}"]
 
-    def env_problems(self, env: Mapping[str, str], where: str) -> list[str]:
-        """The job's variables this policy refuses, by name with the reason."""
+    def env_problems(
+        self, env: Mapping[str, str], where: str, *, container: bool = False
+    ) -> list[str]:
+        """The job's variables this policy refuses, by name with the reason.
+
+        `container`: the job runs in an image, so its variables also pass through the
+        runtime's client (module docstring).
+        """
         refused = []
         for name in sorted(env):
             reason = self._env_reason(name)
+            if not reason and container and name not in self.allow_env:
+                reason = _runtime_client_reason(name)
             if reason:
                 refused.append(f"{where} variable {name} is refused, {reason}")
         return refused
@@ -189,6 +232,24 @@ class JobPolicy:
                 "job_policy.allow_env"
             )
         return ""
+
+
+def _runtime_client_reason(name: str) -> str:
+    if name.startswith(RUNTIME_CLIENT_PREFIXES) or name in RUNTIME_CLIENT_NAMES:
+        return (
+            "as it configures the container runtime the launcher runs the image with: set it "
+            "in the image or the job's command instead, or have the operator add it to "
+            "job_policy.allow_env"
+        )
+    return ""
+
+
+def _container_working_dir_problems(working_dir: str) -> list[str]:
+    if "\0" in working_dir:
+        return ["working_dir contains a NUL byte: remove it"]
+    if working_dir and not os.path.isabs(working_dir):
+        return [f"working_dir {working_dir!r} is not an absolute path in the image: give one"]
+    return []
 
 
 def checkpoint_problems(job_id: str, checkpoint_root: Path) -> list[str]:

@@ -24,6 +24,11 @@ Statuses are unleased (the scheduler reads exit codes after a node is gone). A r
 written conditionally on its own last status write, so a late report from a partitioned node
 never overwrites the status of a newer generation's replica of the same rank.
 
+Containers. On a launcher with ``runtime = "podman"`` or ``"docker"``, a job naming an image
+runs each replica as the runtime's ``run`` client (containers.py), supervised like any replica
+process; a launcher with ``runtime = "process"`` refuses such a job (its replicas exit 127
+saying so), and jobs without an image run as processes whatever the runtime.
+
 Orphans. A RUNNING status that names this node but no replica this process started belongs
 to a previous launcher process that died without stopping it. Its process (if it still exists
 and carries the job's environment) is stopped, and the status is closed as a planned stop
@@ -49,9 +54,18 @@ import prometheus_client
 import structlog
 
 from pollux.launcher.config import LauncherConfig
+from pollux.launcher.containers import (
+    NOBODY,
+    RunRequest,
+    container_env,
+    find_runtime,
+    mount_problems,
+    remove_fenced,
+    run_argv,
+)
 from pollux.launcher.fence import fence_margin, fence_token, kill_fenced
 from pollux.launcher.gpus import Inventory
-from pollux.launcher.job_policy import give_checkpoint_dir
+from pollux.launcher.job_policy import RunAs, give_checkpoint_dir
 from pollux.launcher.placement import (
     PlacementError,
     ReplicaPlan,
@@ -221,7 +235,15 @@ class Launcher:
         """Whom replicas run as (job_policy), or None for the launcher's own user."""
         self.fence_token = fence_token(config.etcd.endpoint, config.etcd.root, self.node_name)
         self._keyring = JobKeyring(store)
-        self.watchdog = WatchdogLink(self.fence_token, margin_s=fence_margin(config.lease_ttl_s))
+        self.runtime_binary = None if config.runtime == "process" else find_runtime(config.runtime)
+        """The container runtime's client (None: plain processes only, or it is missing)."""
+        self.watchdog = WatchdogLink(
+            self.fence_token,
+            margin_s=fence_margin(config.lease_ttl_s),
+            container=None
+            if self.runtime_binary is None
+            else (config.runtime, self.runtime_binary),
+        )
         self._registration = LeasedRegistration(
             store,
             config.lease_ttl_s,
@@ -260,6 +282,7 @@ class Launcher:
         strays = kill_fenced(self.fence_token)
         if strays:
             self._log.warning("stray_replicas_killed", pids=strays)
+        await self._remove_stray_containers()
         await self.watchdog.start()
         with structlog.contextvars.bound_contextvars(node_id=self.node_name):
             await self._registration.start()
@@ -273,6 +296,25 @@ class Launcher:
             gpus=self.inventory.count,
             gpu_type=self.inventory.gpu_type,
         )
+
+    async def _remove_stray_containers(self) -> None:
+        """Remove the containers a previous launcher process of this node left (by label)."""
+        runtime = self.config.runtime
+        if runtime == "process":
+            return
+        if self.runtime_binary is None:
+            self._log.warning(
+                "container_runtime_missing",
+                runtime=runtime,
+                reason=f"runtime = {runtime} but no {runtime} executable is on the launcher's "
+                "PATH: every job naming an image fails here until it is installed",
+            )
+            return
+        names = await asyncio.to_thread(
+            remove_fenced, runtime, self.runtime_binary, self.fence_token
+        )
+        if names:
+            self._log.warning("stray_containers_removed", containers=names)
 
     def _warn_about_replica_user(self) -> None:
         """Say loudly, at every start, when replicas will run as root (job_policy)."""
@@ -560,12 +602,16 @@ class Launcher:
             default_working_dir=self.config.default_working_dir,
             launcher_uid=self._uid,
         )
+        if spec.image:
+            refusal = "; ".join(filter(None, [*self._container_problems(job_id, spec), refusal]))
         if refusal:  # nothing of it is created; its replicas exit 127 with the reason
             self._log.warning("job_refused", job_id=job_id, reason=refusal)
         else:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
             fence_checkpoint_dir(checkpoint_dir, generation)
-            give_checkpoint_dir(checkpoint_dir, self.run_as)
+            give_checkpoint_dir(
+                checkpoint_dir, self._container_user() if spec.image else self.run_as
+            )
         grace = float(spec.stop_grace_s or self.config.default_stop_grace_s)
         replicas = [
             Replica(
@@ -612,11 +658,16 @@ class Launcher:
                     credential=credential,
                     tls_ca=str(tls.paths[0]) if tls else "",
                 )
+                log_path = self.config.log_root / job_id / f"{generation}-{plan.rank}.log"
+                if spec.image and not refusal:
+                    return self._container_launch(
+                        job_id, generation, spec, plan, contract, log_path
+                    )
                 return LaunchSpec(
                     command=list(spec.command),
                     env=replica_env(self._environ, spec, contract),
                     cwd=spec.working_dir or _optional(self.config.default_working_dir),
-                    log_path=self.config.log_root / job_id / f"{generation}-{plan.rank}.log",
+                    log_path=log_path,
                     run_as=self.run_as,
                     refusal=refusal,
                 )
@@ -631,6 +682,76 @@ class Launcher:
             agents=agent_addrs,
         )
         return True
+
+    def _container_problems(self, job_id: str, spec: pb.JobSpec) -> list[str]:
+        """Why this node cannot run the job's image; empty when it can."""
+        runtime = self.config.runtime
+        if runtime == "process":
+            return [
+                f"job {job_id} names image {spec.image} but launcher {self.node_name} has "
+                "runtime = process: set runtime = podman or docker on the launcher, or submit "
+                "without --image"
+            ]
+        if self.runtime_binary is None:
+            return [
+                f"job {job_id} names image {spec.image} but launcher {self.node_name} has "
+                f"runtime = {runtime} and no {runtime} executable on its PATH: install "
+                f"{runtime} on the node"
+            ]
+        return mount_problems(
+            _mounts(spec), self.config.container_mounts_allowed, node=self.node_name
+        )
+
+    def _container_user(self) -> RunAs:
+        """Whom containers run as: the policy's user, else nobody (root launcher) or its own."""
+        if self.run_as is not None:
+            return self.run_as
+        return NOBODY if self._uid == 0 else RunAs(self._uid, os.getegid())
+
+    def _container_launch(
+        self,
+        job_id: str,
+        generation: int,
+        spec: pb.JobSpec,
+        plan: ReplicaPlan,
+        contract: Mapping[str, str],
+        log_path: Path,
+    ) -> LaunchSpec:
+        """The LaunchSpec of a replica that runs in the job's image (containers.py)."""
+        assert self.runtime_binary is not None  # else _container_problems refused the job
+        gpu = self.inventory.cuda
+        inside = container_env({**spec.env, **spec.secret_env, **contract}, gpu=gpu)
+        request = RunRequest(
+            runtime=self.config.runtime,
+            binary=self.runtime_binary,
+            image=spec.image,
+            command=list(spec.command),
+            env_names=list(inside),
+            job_id=job_id,
+            generation=generation,
+            rank=plan.rank,
+            fence_token=self.fence_token,
+            user=self._container_user(),
+            checkpoint_dir=contract["POLLUX_CHECKPOINT_DIR"],
+            tls_ca=contract.get("POLLUX_TLS_CA", ""),
+            working_dir=spec.working_dir,
+            shm_size_mb=spec.shm_size_mb,
+            mounts=_mounts(spec),
+            gpu=plan.slot if gpu else None,
+            flags=self.config.runtime_flags,
+            rootless=self._uid != 0,
+        )
+        # The client gets the launcher's environment (it is a host program) plus the values
+        # the container takes by name, so no value appears in its command line.
+        client_env = replica_env(self._environ, spec, contract)
+        client_env.update(inside)
+        return LaunchSpec(
+            command=run_argv(request),
+            env=client_env,
+            cwd=None,
+            log_path=log_path,
+            container=request.container(),
+        )
 
     def _free_slots(self) -> list[int]:
         held = {r.slot for r in self._replicas.values() if r.alive}
@@ -724,7 +845,7 @@ class Launcher:
                     replica.status(), expected=replica.status_revision
                 )
         code = await replica.wait()
-        if code == -signal.SIGKILL and self.watchdog.expired():
+        if replica.killed(code) and self.watchdog.expired():
             replica.mark_fenced()  # the watchdog killed it: the node's lease had lapsed
             code = PLANNED_STOP
         REPLICA_EXITS.labels(exit_outcome(code)).inc()
@@ -815,6 +936,10 @@ class Launcher:
 
 def _id(member: pb.Member) -> str:
     return member.id
+
+
+def _mounts(spec: pb.JobSpec) -> list[tuple[str, str, bool]]:
+    return [(m.host_path, m.container_path, m.read_only) for m in spec.mounts]
 
 
 def _optional(path: Path | None) -> str | None:

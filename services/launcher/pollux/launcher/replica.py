@@ -9,6 +9,12 @@ log file under the log root.
 Stopping is SIGTERM to the group, `grace_s` to checkpoint and exit (the training library exits
 143), then SIGKILL. A replica the launcher stopped that died of SIGTERM itself (no handler)
 reports 143 too: it was a planned stop, not a failure.
+
+A replica in a container (containers.py) is the same process, the runtime's attached ``run``
+client, which forwards SIGTERM and exits with the container's code. The one difference: a
+SIGKILL reaches the client, not the container, so once the client is gone (however it went)
+its container is killed and removed by name before the exit is reported, and the generation
+barrier never sees a container outlive its status.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import IO
 
 import structlog
 
+from pollux.launcher.containers import Container
 from pollux.launcher.job_policy import RunAs
 from pollux.v1 import types_pb2 as pb
 
@@ -46,6 +53,10 @@ _DRAIN_S = 5.0
 """How long output is drained after the process exits."""
 _SHOWN_CHARS = 512
 """A command is quoted in messages up to this length (it is user input)."""
+_CONTAINER_KILLED = 128 + signal.SIGKILL
+"""What a runtime client reports for a container killed with SIGKILL (137)."""
+_REMOVE_S = 30.0
+"""Longest the removal of a replica's container is waited for."""
 
 
 def _shown(command: Sequence[str]) -> str:
@@ -143,6 +154,8 @@ class LaunchSpec:
             launcher's own (job_policy.JobPolicy.run_as).
         refusal: Why the launcher's job policy refuses the job; when set, nothing runs and
             the replica exits 127 with this reason in its log.
+        container: The container `command` runs (a runtime's ``run``), or None for a plain
+            process.
     """
 
     command: Sequence[str]
@@ -151,6 +164,7 @@ class LaunchSpec:
     log_path: Path
     run_as: RunAs | None = None
     refusal: str = ""
+    container: Container | None = None
 
 
 _SETPRIV = shutil.which("setpriv")
@@ -241,6 +255,7 @@ class Replica:
         self._started = asyncio.Event()
         self._starting = False
         self._terminated = False
+        self._container: Container | None = None
         self._log = log.bind(job_id=job_id, generation=generation, rank=rank)
 
     @property
@@ -300,6 +315,7 @@ class Replica:
             self._log.warning("replica_refused", reason=spec.refusal)
             self._finish(SPAWN_FAILED)
             return
+        self._container = spec.container
         # Through setpriv when there is one (with_launcher_fence); else Python switches user in
         # the forked child, which in a threaded process (gRPC's) has been seen to crash it.
         identity = spec.run_as if _SETPRIV is None else None
@@ -334,6 +350,7 @@ class Replica:
             pid=self.pid,
             slot=self.slot,
             uid=os.getuid() if spec.run_as is None else spec.run_as.uid,
+            container=None if spec.container is None else spec.container.name,
         )
 
     async def _run(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
@@ -347,11 +364,10 @@ class Replica:
                 await asyncio.wait_for(asyncio.shield(reader), _DRAIN_S)
             except TimeoutError:  # a process that left the group still holds the pipe
                 reader.cancel()
+            await self._remove_container()
         finally:
             sink.close()
-        if (code == -signal.SIGTERM and self.stop_requested) or (
-            code == -signal.SIGKILL and self.fenced
-        ):
+        if (code == -signal.SIGTERM and self.stop_requested) or (self.killed(code) and self.fenced):
             code = PLANNED_STOP
         self._finish(code)
         self._log.info("replica_exited", exit_code=code, stop_requested=self.stop_requested)
@@ -370,6 +386,39 @@ class Replica:
             self._emit(complete, sink)
         if pending:
             self._emit([pending], sink)
+
+    async def _remove_container(self) -> None:
+        """Kill and remove the replica's container, if it has one and it still exists.
+
+        The runtime client has exited (or been killed): a container it left behind would go
+        on training after its exit is reported.
+        """
+        container = self._container
+        if container is None:
+            return
+        try:
+            remover = await asyncio.create_subprocess_exec(
+                *container.remove_argv(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await asyncio.wait_for(remover.communicate(), _REMOVE_S)
+        except (OSError, TimeoutError) as error:
+            self._log.error("container_remove_failed", container=container.name, error=str(error))
+            return
+        if remover.returncode:
+            self._log.warning(
+                "container_remove_failed",
+                container=container.name,
+                error=err.decode(errors="replace").strip()[:_SHOWN_CHARS],
+            )
+
+    def killed(self, code: int | None) -> bool:
+        """Whether `code` says the replica was SIGKILLed (its container too, for a container)."""
+        return code == -signal.SIGKILL or (
+            self._container is not None and code == _CONTAINER_KILLED
+        )
 
     def _emit(self, raw_lines: list[bytes], sink: IO[str]) -> None:
         for raw in raw_lines:
@@ -398,7 +447,7 @@ class Replica:
     def mark_fenced(self) -> None:
         """Count a kill as the fence's (the watchdog's or `fence`): it reports a planned stop."""
         self.fenced = True
-        if self.exit_code == -signal.SIGKILL:
+        if self.killed(self.exit_code):
             self.exit_code = PLANNED_STOP
 
     async def fence(self) -> int:

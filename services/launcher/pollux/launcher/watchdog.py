@@ -2,9 +2,9 @@
 
 A launcher that stops acting without dying (SIGSTOP, a hung event loop, an etcd it cannot
 reach) cannot stop its own replicas, and the cluster re-places its jobs once its lease expires.
-So each launcher starts one watchdog (`python -m pollux.launcher.watchdog TOKEN`, in its own
-session so a signal to the launcher's process group does not reach it) and, after every
-successful lease refresh, writes one line to the watchdog's stdin:
+So each launcher starts one watchdog (`python -m pollux.launcher.watchdog TOKEN [RUNTIME
+BINARY]`, in its own session so a signal to the launcher's process group does not reach it)
+and, after every successful lease refresh, writes one line to the watchdog's stdin:
 
     lease <deadline>
 
@@ -13,7 +13,10 @@ clock): the time the refresh was *sent* plus the ttl minus `fence.fence_margin`,
 before etcd can expire the lease. Whenever the newest deadline has passed, the watchdog
 SIGKILLs every process carrying the node's fence token (fence.py), and does so again every
 `RESCAN_S` until a newer deadline arrives, so nothing started meanwhile survives either. When
-its stdin closes (the launcher exited or was killed) it kills them once more and exits.
+its stdin closes (the launcher exited or was killed) it kills them once more and exits. On a
+launcher with a container runtime, each sweep also removes the node's containers by their
+fence label (containers.remove_fenced): a container's processes carry the token too, but the
+container itself must go as well.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from pollux.launcher.containers import remove_fenced
 from pollux.launcher.fence import kill_fenced
 from pollux.service.logging import configure
 
@@ -96,17 +100,38 @@ def _sweep(token: str, kill: Callable[[str], list[int]], *, reason: str, late_s:
         )
 
 
+def killer(container: tuple[str, str] | None) -> Callable[[str], list[int]]:
+    """The sweep: `kill_fenced`, then, with a (runtime, binary), the node's containers too."""
+    if container is None:
+        return kill_fenced
+    runtime, binary = container
+
+    def kill(token: str) -> list[int]:
+        pids = kill_fenced(token)
+        names = remove_fenced(runtime, binary, token)
+        if names:
+            log.warning("containers_fenced", containers=names)
+        return pids
+
+    return kill
+
+
 class WatchdogLink:
     """The launcher's side: starts the watchdog, feeds it deadlines, restarts it if it dies.
 
     Args:
         token: The node's fence token (fence.fence_token).
         margin_s: How long before a lease's expiry the deadline falls (fence.fence_margin).
+        container: (runtime, client binary) when the node runs containers, whose containers
+            the watchdog removes too.
     """
 
-    def __init__(self, token: str, *, margin_s: float) -> None:
+    def __init__(
+        self, token: str, *, margin_s: float, container: tuple[str, str] | None = None
+    ) -> None:
         self.token = token
         self.margin_s = margin_s
+        self.container = container
         self.deadline = -math.inf
         """The newest deadline sent (monotonic seconds): replicas are killed once it passes."""
         self.restarts = 0
@@ -134,6 +159,7 @@ class WatchdogLink:
             "-m",
             "pollux.launcher.watchdog",
             self.token,
+            *(self.container or ()),
             stdin=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
@@ -189,14 +215,21 @@ class WatchdogLink:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pollux.launcher.watchdog TOKEN``: enforce deadlines read from stdin."""
+    """``python -m pollux.launcher.watchdog TOKEN [RUNTIME BINARY]``: enforce stdin's deadlines.
+
+    With RUNTIME and BINARY, each sweep also removes the node's containers.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m pollux.launcher.watchdog FENCE_TOKEN", file=sys.stderr)
+    if len(args) not in (1, 3):
+        print(
+            "usage: python -m pollux.launcher.watchdog FENCE_TOKEN [RUNTIME BINARY]",
+            file=sys.stderr,
+        )
         return 2
     configure("launcher-watchdog")
     structlog.contextvars.bind_contextvars(node_id=args[0].partition("@")[0])
-    serve(sys.stdin.fileno(), args[0])
+    container = (args[1], args[2]) if len(args) == 3 else None
+    serve(sys.stdin.fileno(), args[0], kill=killer(container))
     return 0
 
 

@@ -28,6 +28,23 @@ MAX_ENV = 512
 MAX_LABELS = 64
 MAX_LABEL_VALUE = 256
 MAX_PATH = 4096
+MAX_IMAGE = 512
+"""Longest image reference (registries allow 255-character names plus tag and digest)."""
+MAX_MOUNTS = 32
+MAX_SHM_MB = 1 << 20
+"""1 TiB of /dev/shm: more than any node has, so only a typo is refused."""
+IMAGE = re.compile(
+    r"(?:(?P<registry>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?)/)?"
+    r"(?P<name>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@sha256:(?P<digest>[a-f0-9]{64}))?"
+)
+"""``[registry[:port]/]name[:tag][@sha256:<64 hex>]``, after the OCI distribution spec's
+grammar: a first component with a dot, a colon or ``localhost`` is a registry only because
+the runtime reads it so; the regex accepts both readings, which name the same string."""
+MOUNT_PATH = re.compile(r"/[^:,]*")
+"""An absolute path without ':' or ',' (the runtimes' -v and --mount syntaxes split on them);
+control characters are refused before this is matched."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -85,6 +102,7 @@ def validate_submit(spec: pb.JobSpec, request_id: str, has_spec: bool) -> None:
     v.check(spec.max_failures <= 1000, "spec.max_failures", "must be at most 1000")
     v.check(spec.stop_grace_s <= 3600, "spec.stop_grace_s", "must be at most 3600 seconds")
     _validate_labels(spec, v)
+    _validate_container(spec, v)
     v.raise_if_any()
 
 
@@ -123,6 +141,53 @@ def _validate_labels(spec: pb.JobSpec, v: Violations) -> None:
         if len(value) > MAX_LABEL_VALUE:
             v.add(field, f"the value is longer than {MAX_LABEL_VALUE} characters")
         _text(v, field, value)
+
+
+def _validate_container(spec: pb.JobSpec, v: Violations) -> None:
+    """The image reference's syntax, the shm size, and each mount's two paths.
+
+    Whether a node may mount a host path is the launcher's decision (its
+    ``container_mounts_allowed``); the API only makes sure what it stores is well formed.
+    """
+    image = spec.image
+    if image:
+        if len(image) > MAX_IMAGE:
+            v.add("spec.image", f"longer than {MAX_IMAGE} characters")
+        elif IMAGE.fullmatch(image) is None:
+            v.add(
+                "spec.image",
+                f"{shown(image)} is not an image reference [registry[:port]/]name[:tag]"
+                "[@sha256:<64 hex digits>] (name in lowercase, e.g. ghcr.io/org/train:1.2)",
+            )
+    elif spec.shm_size_mb or spec.mounts:
+        field = "spec.shm_size_mb" if spec.shm_size_mb else "spec.mounts"
+        v.add(field, "only applies to a container: set spec.image too, or leave it unset")
+    v.check(spec.shm_size_mb <= MAX_SHM_MB, "spec.shm_size_mb", f"must be at most {MAX_SHM_MB}")
+    if len(spec.mounts) > MAX_MOUNTS:
+        v.add("spec.mounts", f"{len(spec.mounts)} mounts; at most {MAX_MOUNTS}")
+    targets: set[str] = set()
+    for i, mount in enumerate(spec.mounts[:MAX_MOUNTS]):
+        _mount_path(v, f"spec.mounts[{i}].host_path", mount.host_path)
+        _mount_path(v, f"spec.mounts[{i}].container_path", mount.container_path)
+        if mount.container_path.strip("/") == "" and mount.container_path:
+            v.add(
+                f"spec.mounts[{i}].container_path",
+                "cannot mount over the container's root: name a directory in it",
+            )
+        if mount.container_path in targets:
+            v.add(f"spec.mounts[{i}].container_path", "mounted twice: keep one entry")
+        targets.add(mount.container_path)
+
+
+def _mount_path(v: Violations, field: str, path: str) -> None:
+    if len(path) > MAX_PATH:
+        v.add(field, f"longer than {MAX_PATH} characters")
+    elif _CONTROL.search(path):
+        _text(v, field, path)
+    elif MOUNT_PATH.fullmatch(path) is None:
+        v.add(field, f"{shown(path)} must be an absolute path without ':' or ','")
+    elif "/../" in f"{path}/" or "/./" in f"{path}/":
+        v.add(field, f"{shown(path)} has '.' or '..' components: give the plain path")
 
 
 def _validate_batch(batch: pb.BatchLimits, v: Violations) -> None:
