@@ -56,7 +56,7 @@ from pollux.service import pki
 from pollux.service.bootstrap import create_token
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.keys import Kind
-from pollux.service.store import Delete, Store
+from pollux.service.store import Delete, Store, cancel_and_wait
 from pollux.service.tls import TlsFiles
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import agent_service_pb2 as agpb
@@ -395,9 +395,8 @@ class Loop:
 
         async def cancel_the_rest() -> None:
             rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in rest:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
+            for task in rest:  # re-cancels where aetcd's wait_for swallowed a cancel
+                await cancel_and_wait(task)
 
         self.run(cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -23,7 +23,7 @@ from pollux.service import store as store_module
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
-from pollux.service.store import Expect, Fence, FenceLost, Put, Store
+from pollux.service.store import Expect, Fence, FenceLost, Put, Store, cancel_and_wait
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -445,7 +445,9 @@ async def test_expired_lease_fences_a_paused_leader(store: Store) -> None:
     # Simulate a long pause: stop refreshing and let etcd expire the lease (which deletes the
     # election key with it).
     assert session._task is not None
-    session._task.cancel()
+    # cancel_and_wait: a single cancel that lands in aetcd's keep-alive `wait_for` is
+    # swallowed (cpython#86296), and the lease would then be refreshed on for good.
+    await cancel_and_wait(session._task)
 
     async def key_expired() -> bool:
         return await store.get(store.keys.leader(session.lease_id), pb.Member) is None
