@@ -22,7 +22,7 @@ import prometheus_client
 import structlog
 
 from pollux.service.keys import Kind
-from pollux.service.store import Delete, Put, Store, StoreError
+from pollux.service.store import Delete, Put, Store, StoreError, cancel_and_wait
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger("pollux.audit")
@@ -131,9 +131,7 @@ class AuditLog:
                 while self._queue and await self.flush():
                     pass
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 async def prune_ops(
