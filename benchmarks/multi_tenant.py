@@ -22,9 +22,16 @@ Definitions (`pollux.policy.tenants` says why):
 The same shares are measured for the baseline (over its own all-busy rounds): what tenants
 get when the policy knows nothing of them. Mean JCT is over every job of every workload run.
 
-    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--processes 2]
+The JCT target applies to configurations without caps only: a cap binds even on an otherwise
+idle cluster (the capped tenant's jobs queue behind its cap while GPUs stand idle), which no
+sharing method can undo; the report says which configurations it applies to.
 
---quick runs three configurations on two workloads (about 2 minutes on 2 cores).
+    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--processes 2]
+        [--shares budgets|weights|deficits] [--assign hash|round_robin]
+
+--quick runs three configurations on two workloads (about 2 minutes on 2 cores). --assign
+round_robin gives jobs to tenants in submission order instead of by name hash: a labelling
+the default runs do not use, to check that a method is not fitted to one.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -101,16 +109,19 @@ class Recorder:
         return decision
 
 
+Assign = Literal["hash", "round_robin"]
+
+
 def simulate_one(
-    task: tuple[str, Path, TenantShares],
+    task: tuple[str, Path, TenantShares, Assign],
 ) -> tuple[str, str, dict[str, float], list[Round]]:
     """Run one workload under one configuration ("" = single-tenant baseline)."""
-    config_name, path, mode = task
+    config_name, path, mode, how = task
     specs = CONFIGS.get(config_name, ())
     config = replace(spec_for("pollux", "faithful").config, tenants=specs)
     workload = load_workload(path)
     if specs:
-        workload = assign_tenants(workload, [t.name for t in specs])
+        workload = assign_tenants(workload, [t.name for t in specs], how)
     apps = load_published_applications(default_data_root() / "traces")
     recorder = Recorder(mode)
     result = simulate(workload, apps, recorder, config)
@@ -162,8 +173,12 @@ def report(
     results: dict[tuple[str, str], tuple[dict[str, float], list[Round]]],
     workloads: list[Path],
     gpus: int,
-) -> bool:
-    """Print one configuration's table; True when it meets both targets."""
+    how: Assign = "hash",
+) -> tuple[bool, bool | None]:
+    """Print one configuration's table; whether it meets the share and the JCT target.
+
+    The JCT verdict is None for a configuration with a cap (see the module docstring).
+    """
     entitled = entitlements(
         [t.guarantee_gpus for t in specs],
         [t.weight for t in specs],
@@ -175,7 +190,7 @@ def report(
     tenant_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
     base_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
     for path in workloads:
-        tenant_of = {job.name: job.tenant for job in _labelled(path, specs)}
+        tenant_of = {job.name: job.tenant for job in _labelled(path, specs, how)}
         jcts, rounds = results[(name, path.stem)]
         base, base_rounds = results[("", path.stem)]
         tenant_runs.append((rounds, tenant_of))
@@ -207,17 +222,19 @@ def report(
             f"{np.mean(base_jcts[spec.name]):>9.0f}"
         )
     ok_share = bool(np.all(np.abs(off) <= 0.10))
-    ok_jct = jct <= 1.05 * base_jct
+    capped = any(t.cap is not None for t in specs)
+    ok_jct = None if capped else jct <= 1.05 * base_jct
+    verdict = "n/a (a cap binds)" if ok_jct is None else ("yes" if ok_jct else "NO")
     print(
         f"mean JCT {jct:.1f} s vs single-tenant Pollux {base_jct:.1f} s "
         f"({jct / base_jct - 1:+.1%}); shares within ±10 %: {'yes' if ok_share else 'NO'}, "
-        f"JCT within 5 %: {'yes' if ok_jct else 'NO'}"
+        f"JCT within 5 %: {verdict}"
     )
-    return ok_share and ok_jct
+    return ok_share, ok_jct
 
 
-def _labelled(path: Path, specs: Sequence[TenantSpec]) -> list[WorkloadJob]:
-    return assign_tenants(load_workload(path), [t.name for t in specs])
+def _labelled(path: Path, specs: Sequence[TenantSpec], how: Assign) -> list[WorkloadJob]:
+    return assign_tenants(load_workload(path), [t.name for t in specs], how)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         default=PolluxParams().tenant_shares.value,
         help="how the policy gives tenants their shares (PolluxParams.tenant_shares)",
     )
+    parser.add_argument(
+        "--assign",
+        choices=["hash", "round_robin"],
+        default="hash",
+        help="how jobs go to tenants (pollux.sim.workload.assign_tenants)",
+    )
     args = parser.parse_args(argv)
     folder = default_data_root() / ("workloads" if args.load == "1.0" else f"workloads-{args.load}")
     workloads = sorted(folder.glob("*.csv"), key=lambda p: int(p.stem.split("-")[-1]))
@@ -247,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
     mode = TenantShares(args.shares)
-    tasks = [(name, path, mode) for name in ["", *names] for path in workloads]
+    how: Assign = args.assign
+    tasks = [(name, path, mode, how) for name in ["", *names] for path in workloads]
     started = time.perf_counter()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
@@ -272,11 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     cluster = spec_for("pollux", "faithful").config
     gpus = cluster.nodes * cluster.gpus_per_node
     print(
-        f"load {args.load}x, tenant shares by {mode.value}, workloads: "
-        f"{', '.join(p.stem for p in workloads)}"
+        f"load {args.load}x, tenant shares by {mode.value}, jobs to tenants by {how}, "
+        f"workloads: {', '.join(p.stem for p in workloads)}"
     )
-    passed = [report(n, CONFIGS[n], results, workloads, gpus) for n in names]
-    print(f"\n{sum(passed)} of {len(passed)} configurations meet both targets")
+    verdicts = [report(n, CONFIGS[n], results, workloads, gpus, how) for n in names]
+    shares_met = sum(ok for ok, _ in verdicts)
+    judged = [ok for _, ok in verdicts if ok is not None]
+    print(
+        f"\nshares within ±10 % in {shares_met} of {len(verdicts)} configurations; mean JCT "
+        f"within 5 % in {sum(judged)} of the {len(judged)} without caps"
+    )
     print(f"total wall time: {time.perf_counter() - started:.0f} s")
     return 0
 

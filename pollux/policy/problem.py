@@ -41,9 +41,10 @@ class TenantShares(enum.Enum):
         WEIGHTS: One level: each job's utility is weighted by its tenant's entitlement per
             job, so the power mean itself splits goodput by entitlement; budgets only
             enforce guarantees and caps.
-        DEFICITS: WEIGHTS, with each tenant's weight also tilted by the goodput it is owed
-            over time (`tenants.Ledger`): per-round deviations that help JCT are allowed,
-            long-run shares converge to the entitlements.
+        DEFICITS: Fairness over time: each job weighs as in single-pool Pollux, tilted by
+            the goodput its tenant is owed (`tenants.Ledger`, carried in the decision's
+            memory); per-round deviations that help JCT are allowed and repaid later. Budgets
+            as in WEIGHTS.
     """
 
     BUDGETS = "budgets"

@@ -39,13 +39,16 @@ so that the objective itself leans goodput towards e_t while trading it against 
 restarts across all jobs. Budgets then only hold guarantees and caps. It costs less mean JCT
 and meets the shares less closely (benchmarks/multi_tenant.py measures both).
 
-**The DEFICITS mode** (`Ledger`, `tilts`, `account`) is WEIGHTS with fairness accumulated
-over time instead of per round: each tenant carries a deficit, the goodput share it has been
-owed (relative to its entitlement) integrated over the seconds it was contending, and its
-jobs' weights are tilted by exp((1 − p) · deficit / HORIZON). Per-round deviations that let
-jobs run at efficient sizes are allowed; a tenant persistently below its share gets a growing
-weight until its long-run share meets e_t (an integral controller; see `account` for why its
-constants are what they are). Guarantees and caps are the WEIGHTS mode's per-round budgets.
+**The DEFICITS mode** (`Ledger`, `tilts`, `account`) asks for fairness over time instead of in
+every round: each tenant carries a deficit, the goodput share it has been owed (relative to
+its entitlement) integrated over the seconds it was contending, and every job weighs as in
+single-pool Pollux (1), times its tenant's tilt exp((1 − p) · deficit / HORIZON). A round
+with no deficits is the single-pool round (the best for JCT) within the WEIGHTS mode's
+guarantee and cap budgets; a tenant persistently below its share gets a growing weight until
+its long-run share meets e_t (an integral controller; see `account` and the constants for
+why they are what they are). So deviations that help JCT (a tenant with one job that scales
+badly is not pushed to 30 GPUs) are allowed for a while and repaid later, when the tenant's
+jobs can turn GPUs into goodput.
 
 Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
 weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
@@ -228,8 +231,9 @@ def weigh(problem: Problem, tilt: FloatArray | None = None) -> Quota:
     among the tenant's n_t jobs, therefore gives each busy tenant goodput ∝ e_t, while
     efficiency and restart penalties are still traded off across all jobs in one objective.
     Budgets: a tenant may hold up to its cap, less the floors of all other tenants, so every
-    guarantee stays available to its tenant. `tilt`: a further factor per tenant (the
-    DEFICITS mode's `tilts`). Sets `problem.weight`.
+    guarantee stays available to its tenant. With a `tilt` per tenant (the DEFICITS mode's
+    `tilts`) each job weighs its tenant's tilt instead of its entitlement per job, so that
+    without deficits the objective is single-pool Pollux's. Sets `problem.weight`.
     """
     tenants = Tenants.of_state(problem.state)
     count = len(tenants.names)
@@ -249,9 +253,10 @@ def weigh(problem: Problem, tilt: FloatArray | None = None) -> Quota:
     floor = np.minimum(np.floor(scaled + 1e-9).astype(np.int64), ceiling)
     budget = np.minimum(tenants.cap, total - (floor.sum() - floor))
     per_job = np.where(jobs > 0, entitled / np.maximum(jobs, 1), 0.0)
-    weight = per_job[tenants.of_job] ** (1.0 - problem.params.p)
-    if tilt is not None:
-        weight = weight * tilt[tenants.of_job]
+    if tilt is None:
+        weight = per_job[tenants.of_job] ** (1.0 - problem.params.p)
+    else:
+        weight = np.where(per_job > 0, tilt, 0.0)[tenants.of_job]
     positive = weight[weight > 0]
     if positive.size:  # tenants entitled to nothing weigh least: they borrow what is left
         problem.weight = np.where(weight > 0, weight, positive.min()) / positive.max()
@@ -273,8 +278,12 @@ MEMORY = 4 * 3600.0
 with an error of about ln(1/β) · HORIZON / MEMORY, 1 % for a round-by-round bias β = 0.8."""
 
 MOST_TILT = 4.0
-"""Most a deficit may scale a tenant's share target, either way (anti-windup): a tenant that
-cannot catch up (its jobs scale badly) is not given unbounded weight over everyone else."""
+"""Most a deficit may scale a tenant's share target in one round, either way: a tenant that
+cannot catch up now (one job that scales badly) is not given unbounded weight over everyone
+else. The deficit itself is not clipped: it is what the tenant is owed, and it is repaid,
+at most this fast, once the tenant's jobs can turn GPUs into goodput (clipping the deficit
+too forgets what a tenant was owed while it could not use it, and measurably left shares
+further from the entitlements)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +308,7 @@ def tilts(ledger: Ledger | None, names: Sequence[str], p: float) -> FloatArray:
 
     A share target scaled by r needs the weight scaled by r^(1 − p) (see `weigh`), so a tenant
     owed HORIZON seconds of its share aims e-fold higher, whatever p. Without a ledger (the
-    first round) every factor is 1: exactly the WEIGHTS mode.
+    first round) every factor is 1: single-pool Pollux's objective.
     """
     if ledger is None:
         return np.ones(len(names))
@@ -331,8 +340,6 @@ def account(
         name: previous.deficit.get(name, 0.0) * decay + previous.error.get(name, 0.0) * dt
         for name in names
     }
-    limit = HORIZON * math.log(MOST_TILT)
-    deficit = {name: min(max(owed, -limit), limit) for name, owed in deficit.items()}
     jobs = list(decision.allocations)
     gpus = np.array([len(decision.allocations[name]) for name in jobs], dtype=np.int64)
     speed = np.array([decision.explain[name].speedup for name in jobs])
