@@ -60,8 +60,10 @@ class AgentServiceServicer:
         """ReportMetrics merges a replica's step observations and gradient statistics into the
         job's profile and refits its model. Idempotent on (job_id, generation, rank, seq): a retry
         of an applied report changes nothing. Safe to retry.
-        Errors: INVALID_ARGUMENT (negative or non-finite times, replicas < nodes, ...; nothing
-        applied), NOT_FOUND (unknown job), UNAVAILABLE (etcd unreachable).
+        Every report is checked for plausibility (times, steps claimed per elapsed time, batch
+        within the job's limits, finite statistics) and one report weighs at most 512 steps.
+        Errors: INVALID_ARGUMENT (negative or non-finite times, replicas < nodes, implausible
+        counts, ...; nothing applied), NOT_FOUND (unknown job), UNAVAILABLE (etcd unreachable).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -254,8 +254,8 @@ class Scheduler:
                 active = [e.value for e in self.mirror.snapshot().jobs.values()]
                 speedups = await accounting.speedups_of(self.store, active)
                 usage = accounting.sample(active, speedups, since=sampled, now=now)
+                sampled = now  # a sample that fails to store is lost, never booked twice
                 await accounting.record(self.store, usage, fence)
-                sampled = now
                 jobs, _ = await self.store.list_jobs()
                 plan = plan_sweep(
                     jobs,
