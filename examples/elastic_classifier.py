@@ -151,6 +151,10 @@ class Audit:
             self._epochs.flush()
 
 
+def _or_dash(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, printing one line per epoch on rank 0."""
     args = parse_args(argv)
@@ -206,13 +210,15 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": trainer.steps,
                 "batch": trainer.total_batch_size,
                 "pgns": pgns,
+                "rescale_pause_s": trainer.rescale_pause_s,
             }
             audit.epoch(record)
             print(
                 f"epoch {epoch} train_loss {record['train_loss']:.4f} test_loss {test_loss:.4f} "
                 f"accuracy {accuracy:.4f} progress {trainer.progress:.1f} "
                 f"steps {trainer.steps} replicas {env.world_size} "
-                f"batch {trainer.total_batch_size} pgns {'-' if pgns is None else f'{pgns:.1f}'}",
+                f"batch {trainer.total_batch_size} pgns {_or_dash(pgns, '.1f')} "
+                f"rescale_pause_s {_or_dash(trainer.rescale_pause_s, '.2f')}",
                 flush=True,
             )
     trainer.close()

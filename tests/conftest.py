@@ -8,11 +8,13 @@ fresh key root, deleted afterwards, so tests never see each other's state.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from pollux.service.store import Delete, Store
 from tests.etcd_server import EtcdServer
@@ -27,6 +29,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = item.path.relative_to(tests).parts[0]
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Undo a test's logging set-up (a service entry point's `configure`) when it ends.
+
+    `configure` points structlog and the root logger at the sys.stderr of the moment, which
+    under capsys is a capture stream closed when the test ends: every later test that logs
+    would fail with "I/O operation on closed file", depending on the order tests run in.
+    """
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -192,6 +192,9 @@ class StopSignal:
         self._previous: dict[signal.Signals, Any] = {}
         self.received: signal.Signals | None = None
         """The signal that requested the stop, if one did."""
+        self.requested_at: float | None = None
+        """Wall-clock time (``time.time()``) of the first stop request: the start of a rescale
+        pause, which the next generation measures from the checkpoint (trainer.py)."""
 
     @property
     def requested(self) -> bool:
@@ -200,6 +203,8 @@ class StopSignal:
 
     def request(self) -> None:
         """Request a stop without a signal (e.g. from a test or a health check)."""
+        if self.requested_at is None:
+            self.requested_at = time.time()
         self._requested.set()
 
     def install(self) -> bool:
@@ -229,6 +234,7 @@ class StopSignal:
             os.kill(os.getpid(), sig)
             return
         self.received = sig
+        self.requested_at = time.time()
         self._requested.set()
 
 

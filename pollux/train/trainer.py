@@ -238,6 +238,11 @@ class ElasticTrainer:
             waits much longer than this or one step.
     """
 
+    rescale_pause_s: float | None = None
+    """Seconds from the stop request (SIGTERM) that ended the previous allocation to this
+    one's first optimizer step: what the rescale cost this job in wall time. None until that
+    step, and on a fresh start or a restart that followed no planned stop."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -726,6 +731,7 @@ class ElasticTrainer:
         self.collector.reset()
         self.loader.finish_step()
         self._local_steps += 1
+        self._measure_rescale_pause()
         if not applied:
             self.collector.forget_previous()
         if self.reporter is not None and self.gns.measured:
@@ -905,6 +911,7 @@ class ElasticTrainer:
                 "num_nodes": self.num_nodes,
                 "init_batch_size": self.init_batch_size,
                 "saved_at": time.time(),
+                "stop_requested_at": self.stop_signal.requested_at,
             },
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -933,6 +940,7 @@ class ElasticTrainer:
         return self.checkpoints.save(state)
 
     def _restore(self) -> BatchConfig | None:
+        self._stop_requested_at: float | None = None
         state = load_agreed_checkpoint(
             self.checkpoints, rank=self.rank, world_size=self.world_size, log=self.log
         )
@@ -954,6 +962,8 @@ class ElasticTrainer:
         self.gns.load_state_dict(state["gns"])
         self.profile.load_state_dict(state["profile"])
         self._saved_extra = dict(state.get("extra", {}))
+        stopped = meta.get("stop_requested_at")
+        self._stop_requested_at = float(stopped) if isinstance(stopped, int | float) else None
         for name, obj in self._extra.items():
             if name in self._saved_extra:
                 obj.load_state_dict(self._saved_extra.pop(name))
@@ -975,8 +985,28 @@ class ElasticTrainer:
         if any_replica(requested, world_size=self.world_size, device=self._comm_device):
             self._preempt()
 
+    def _measure_rescale_pause(self) -> None:
+        """At this process's first step, record the pause since the last stop request.
+
+        Only after a planned stop (the checkpoint holds its request time). Wall-clock times
+        of two processes, possibly on two nodes: as exact as their clocks agree (NTP keeps
+        that to milliseconds), and never negative.
+        """
+        if self._local_steps != 1 or self._stop_requested_at is None:
+            return
+        self.rescale_pause_s = max(0.0, time.time() - self._stop_requested_at)
+        self.log.info(
+            "rescale_pause",
+            seconds=round(self.rescale_pause_s, 3),
+            world_size=self.world_size,
+            generation=self.env.allocation_gen,
+        )
+
     def _preempt(self) -> NoReturn:
         """Checkpoint and raise `Preempted` (see `pollux.train.preemption.preempt`)."""
+        if self.stop_signal.requested_at is None:
+            # Another replica was signalled and all agreed to stop: the request is now, here.
+            self.stop_signal.requested_at = time.time()
         preempt(
             self.save,
             self.close,

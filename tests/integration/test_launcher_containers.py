@@ -131,12 +131,13 @@ def shared() -> Iterator[Path]:
 class Apps:
     """Launchers of node n1, one at a time; whichever still runs is stopped at teardown."""
 
-    def __init__(self, start: Callable[[str], Awaitable[LauncherApp]]) -> None:
+    def __init__(self, start: Callable[[str, str | None], Awaitable[LauncherApp]]) -> None:
         self._start = start
         self.running: list[LauncherApp] = []
 
-    async def __call__(self, runtime: str = "podman") -> LauncherApp:
-        app = await self._start(runtime)
+    async def __call__(self, runtime: str = "podman", socket: str | None = None) -> LauncherApp:
+        """A launcher; with `socket`, one that drives podman through that API socket."""
+        app = await self._start(runtime, socket)
         self.running.append(app)
         return app
 
@@ -155,7 +156,8 @@ async def make_app(
     """Start launchers of node n1 (stopped at teardown, its containers removed by label)."""
     assert PODMAN is not None
 
-    async def start(runtime: str) -> LauncherApp:
+    async def start(runtime: str, socket: str | None) -> LauncherApp:
+        remote = ("--remote", "--url", f"unix://{socket}") if socket else ()
         config = LauncherConfig(
             etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
             server=ServerConfig(listen="127.0.0.1:0", grace_s=1.0),
@@ -169,7 +171,9 @@ async def make_app(
             barrier_poll_s=0.1,
             job_policy=JobPolicy(run_as_uid=USER, run_as_gid=USER),
             runtime=runtime,
-            runtime_flags=FLAGS,
+            # A remote client takes no --runtime: the service's own configuration picks it.
+            runtime_flags=FLAGS[2:] if socket else FLAGS,
+            runtime_global_flags=remote,
             container_mounts_allowed=(shared / "data",),
         )
         app = LauncherApp(config, detect(4), store)
@@ -182,7 +186,7 @@ async def make_app(
     finally:
         for app in list(apps.running):
             await apps.stop(app)
-        remove_fenced("podman", PODMAN, fence_token(etcd.endpoint, root, "n1"))
+        remove_fenced("podman", (PODMAN,), fence_token(etcd.endpoint, root, "n1"))
 
 
 async def submit(store: Store, job_id: str, spec: pb.JobSpec) -> None:
@@ -302,6 +306,56 @@ async def test_stop_is_sigterm_then_grace_then_kill_and_removes_the_container(
     assert "ignoring SIGTERM" in stubborn.log.tail(0)[0]
     for job_id in ("j-grace", "j-plain", "j-stub"):
         assert not exists(f"pollux-{job_id}-1-0")
+
+
+@pytest.fixture
+def podman_socket(tmp_path: Path) -> Iterator[str]:
+    """A ``podman system service`` on a socket of its own, as a containerised launcher uses."""
+    assert PODMAN is not None
+    socket = tmp_path / "podman.sock"
+    service = subprocess.Popen(
+        [PODMAN, "system", "service", "--time=0", f"unix://{socket}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert socket.exists(), "podman system service did not make its socket"
+        yield str(socket)
+    finally:
+        service.terminate()
+        try:
+            service.wait(10)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait()
+
+
+async def test_a_launcher_drives_podman_through_its_socket_as_it_would_from_a_container(
+    make_app: MakeApp, store: Store, podman_socket: str
+) -> None:
+    # A remote client forwards no signal: the stop goes to the container by name, and the
+    # replica still checkpoints on SIGTERM and reports 143; the runtime says it is rootful.
+    app = await make_app(socket=podman_socket)
+    assert app.launcher.runtime_client[1:] == ("--remote", "--url", f"unix://{podman_socket}")
+    await submit(store, "j-remote", container("j-remote", GRACEFUL))
+
+    def ready() -> bool:
+        replica = app.launcher.find("j-remote", 0)
+        return replica is not None and "ready" in replica.log.tail(0)[0]
+
+    await eventually(ready, 30.0, "j-remote to start")
+    assert exists("pollux-j-remote-1-0")
+    await store.txn([Delete(store.keys.allocation("j-remote"))])
+    assert (await exited(store, "j-remote")).exit_code == 143
+    replica = app.launcher.find("j-remote", 0)
+    assert replica is not None
+    assert "checkpointing on SIGTERM" in replica.log.tail(0)[0]
+    assert not exists("pollux-j-remote-1-0")
+    await submit(store, "j-remote-3", container("j-remote-3", "import sys; sys.exit(3)"))
+    assert (await exited(store, "j-remote-3")).exit_code == 3
 
 
 async def test_a_restarted_launcher_and_the_watchdog_remove_the_nodes_containers(

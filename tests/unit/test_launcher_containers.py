@@ -54,7 +54,7 @@ def test_a_podman_run_carries_the_contract_by_name_labels_and_mounts() -> None:
     assert argv[-5:] == ["ghcr.io/org/train:1.2", "python", "train.py", "--lr", "0.1"]
     text = " ".join(argv)
     for part in (
-        "--rm --init --sig-proxy=true",
+        "--rm --init --sig-proxy=false",
         "--name pollux-j-1-3-2",
         "--network=host",
         "--label pollux.fence=n1@0123456789abcdef",
@@ -97,6 +97,22 @@ def test_removal_kills_without_grace() -> None:
         "pollux-j-1-3-2",
     ]
     assert Container("docker", "docker", "x").remove_argv() == ["docker", "rm", "--force", "x"]
+
+
+def test_a_remote_client_puts_the_global_flags_before_every_subcommand() -> None:
+    remote = ("--remote", "--url", "unix:///run/podman/podman.sock")
+    argv = run_argv(request(global_flags=remote, flags=["--ulimit", "nofile=1024:1024"]))
+    assert argv[:6] == ["/usr/bin/podman", *remote, "run", "--ulimit"]
+    container = request(global_flags=remote).container()
+    assert container.remove_argv()[:5] == ["/usr/bin/podman", *remote, "rm"]
+    assert container.signal_argv() == [
+        "/usr/bin/podman",
+        *remote,
+        "kill",
+        "--signal",
+        "TERM",
+        "pollux-j-1-3-2",
+    ]
 
 
 def test_a_gpu_container_sees_its_one_gpu_as_device_0() -> None:

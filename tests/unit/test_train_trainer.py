@@ -1,5 +1,7 @@
 """ElasticTrainer on one process: argument checks, agent wiring, and checkpoints that fail."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,35 @@ def test_the_agent_fills_only_what_the_caller_left_unset():
     assert neither.batch_source is None
     assert neither.reporter is None
     neither.close()
+
+
+def test_the_next_allocation_measures_its_rescale_pause_from_the_stop_request(tmp_path):
+    from pollux.train import Preempted
+
+    first = trainer(tmp_path)
+    train_steps(first, 2)
+    first.stop_signal.request()
+    asked = first.stop_signal.requested_at
+    assert asked is not None
+    with pytest.raises(Preempted):
+        train_steps(first, 3)
+    assert first.rescale_pause_s is None  # a fresh start pays no rescale pause
+    second = trainer(tmp_path)
+    assert second.rescale_pause_s is None  # measured at the first step, not at the restore
+    time_before_step = time.time()
+    train_steps(second, first.steps + 1)
+    assert second.rescale_pause_s is not None
+    assert time_before_step - asked <= second.rescale_pause_s <= time.time() - asked
+    second.close()
+
+
+def test_a_restart_after_a_periodic_checkpoint_measures_no_pause(tmp_path):
+    first = trainer(tmp_path)
+    train_steps(first, 2)
+    first.save()  # a crash after this: no stop was requested, so no pause is known
+    first.close()
+    second = trainer(tmp_path)
+    train_steps(second, 3)
+    assert second.steps == 3
+    assert second.rescale_pause_s is None
+    second.close()

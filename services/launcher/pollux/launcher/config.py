@@ -68,6 +68,12 @@ class LauncherConfig:
     runtime_flags: tuple[str, ...] = ()
     """Extra arguments of every ``<runtime> run``, one argv element each, placed right after
     ``run`` (e.g. ["--runtime", "runc", "--ulimit", "nofile=1024:1024"])."""
+    runtime_global_flags: tuple[str, ...] = ()
+    """Arguments of every runtime command, placed before the subcommand (``run``, ``kill``,
+    ``rm``, ``ps``, ``info``): a launcher in a container drives the node's runtime through its
+    socket with ["--remote", "--url", "unix:///run/podman/podman.sock"] (docker: ["-H",
+    "unix:///var/run/docker.sock"]); it must then see the checkpoint root, the CA file and
+    the allowed mounts at the node's paths."""
     container_mounts_allowed: tuple[Path, ...] = ()
     """Host path prefixes a job's ``mounts`` may name (resolved; none by default: a job's
     container sees only its checkpoint directory of the host)."""
@@ -105,9 +111,10 @@ class LauncherConfig:
         out = []
         if self.runtime not in RUNTIMES:
             out.append(f"runtime: {self.runtime!r} must be one of {', '.join(RUNTIMES)}")
-        for flag in self.runtime_flags:
-            if not flag or "\0" in flag:
-                out.append(f"runtime_flags: {flag!r} must be a non-empty argument without NUL")
+        for name in ("runtime_flags", "runtime_global_flags"):
+            for flag in getattr(self, name):
+                if not flag or "\0" in flag:
+                    out.append(f"{name}: {flag!r} must be a non-empty argument without NUL")
         for prefix in self.container_mounts_allowed:
             if not prefix.is_absolute():
                 out.append(f"container_mounts_allowed: {str(prefix)!r} must be an absolute path")

@@ -4,10 +4,20 @@ A job whose spec names an ``image`` runs each replica as ``<runtime> run --rm â€
 COMMANDâ€¦`` on a launcher configured with ``runtime = "podman"`` or ``"docker"``. The runtime's
 client process is the replica process as far as the rest of the launcher is concerned
 (replica.py): it is started, its output pumped and its exit code reported exactly like a plain
-command's, because ``run`` stays attached, forwards SIGTERM to the container (``--sig-proxy``,
-on by default) and exits with the container's exit code. ``--init`` puts a tiny init (podman's
-catatonit, docker's tini) at PID 1, so a replica without a SIGTERM handler dies of it and
-reports 143 as a plain process would (PID 1 ignores signals it does not handle).
+command's, because ``run`` stays attached and exits with the container's exit code. A planned
+stop sends SIGTERM to the container itself (``<runtime> kill --signal TERM NAME``,
+`Container.signal_argv`), not to the client: a remote client (``podman --remote``, docker's
+``-H``) does not forward signals, so the client runs with ``--sig-proxy=false`` everywhere and
+a replica never gets the stop twice (a second SIGTERM means "die now" to the training
+library). ``--init`` puts a tiny init (podman's catatonit, docker's tini) at PID 1, so a
+replica without a SIGTERM handler dies of it and reports 143 as a plain process would (PID 1
+ignores signals it does not handle).
+
+The runtime's client is ``binary`` plus the launcher's ``runtime_global_flags`` before every
+subcommand: a launcher that itself runs in a container drives the node's runtime through its
+socket (``--remote --url unix:///run/podman/podman.sock``, or docker's ``-H``), and then every
+path it mounts (checkpoint directory, CA file, job mounts) must be the node's path, which is
+why the launcher's own container must see them at the same paths.
 
 What a client process cannot do is take its container with it when it is SIGKILLed (a stop
 past its grace period, the fence, the launcher's own death): the container keeps running under
@@ -58,17 +68,31 @@ class Container:
         runtime: "podman" or "docker".
         binary: The runtime client's path.
         name: The container's name (unique per job, generation and rank).
+        global_flags: The launcher's ``runtime_global_flags``, before every subcommand.
     """
 
     runtime: str
     binary: str
     name: str
+    global_flags: tuple[str, ...] = ()
+
+    @property
+    def client(self) -> list[str]:
+        """The runtime client's argv before a subcommand."""
+        return [self.binary, *self.global_flags]
 
     def remove_argv(self) -> list[str]:
         """The command that kills (SIGKILL, no grace) and removes the container, if it exists."""
         if self.runtime == "podman":
-            return [self.binary, "rm", "--force", "--time", "0", "--ignore", self.name]
-        return [self.binary, "rm", "--force", self.name]  # docker: SIGKILL, no grace
+            return [*self.client, "rm", "--force", "--time", "0", "--ignore", self.name]
+        return [*self.client, "rm", "--force", self.name]  # docker: SIGKILL, no grace
+
+    def signal_argv(self, signal_name: str = "TERM") -> list[str]:
+        """The command that signals the container's init (PID 1), which passes it on.
+
+        It fails while the container does not exist yet.
+        """
+        return [*self.client, "kill", "--signal", signal_name, self.name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +117,9 @@ class RunRequest:
         mounts: The job's extra (host, container, read_only) mounts, already allowed.
         gpu: The GPU index the replica holds, or None for a CPU slot.
         flags: The launcher's ``runtime_flags``, placed right after ``run``.
-        rootless: Whether the launcher is not root (podman then keeps its uid, --userns=keep-id).
+        rootless: Whether the runtime runs containers without root (podman then keeps the
+            user's uid, --userns=keep-id): `runtime_is_rootless`.
+        global_flags: The launcher's ``runtime_global_flags``, before the subcommand.
     """
 
     runtime: str
@@ -114,6 +140,7 @@ class RunRequest:
     gpu: int | None = None
     flags: Sequence[str] = ()
     rootless: bool = False
+    global_flags: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -122,12 +149,13 @@ class RunRequest:
 
     def container(self) -> Container:
         """The handle the replica removes its container with."""
-        return Container(self.runtime, self.binary, self.name)
+        return Container(self.runtime, self.binary, self.name, self.global_flags)
 
 
 def run_argv(request: RunRequest) -> list[str]:
     """The ``<runtime> run`` argv of one replica (module docstring)."""
-    argv = [request.binary, "run", *request.flags, "--rm", "--init", "--sig-proxy=true"]
+    argv = [request.binary, *request.global_flags, "run", *request.flags]
+    argv += ["--rm", "--init", "--sig-proxy=false"]
     argv += ["--name", request.name, "--network=host"]
     argv += ["--label", f"{FENCE_LABEL}={request.fence_token}"]
     argv += ["--label", f"{JOB_LABEL}={request.job_id}"]
@@ -193,9 +221,26 @@ def mount_problems(
     return problems
 
 
-def fenced_containers(binary: str, token: str) -> list[str]:
+def runtime_is_rootless(client: Sequence[str]) -> bool | None:
+    """Whether podman runs containers without root, as it says itself; None if it cannot say.
+
+    Not the launcher's own uid: a non-root launcher in a container may drive the node's
+    rootful podman through its socket, where ``--userns=keep-id`` would be refused.
+    """
+    argv = [*client, "info", "--format", "{{.Host.Security.Rootless}}"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_CLI_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    answer = done.stdout.strip().lower()
+    return {"true": True, "false": False}.get(answer) if done.returncode == 0 else None
+
+
+def fenced_containers(client: Sequence[str], token: str) -> list[str]:
     """Names of the containers (running or not) labelled with the node's fence `token`."""
-    argv = [binary, "ps", "--all", "--filter", f"label={FENCE_LABEL}={token}"]
+    argv = [*client, "ps", "--all", "--filter", f"label={FENCE_LABEL}={token}"]
     argv += ["--format", "{{.Names}}"]
     try:
         done = subprocess.run(
@@ -206,18 +251,19 @@ def fenced_containers(binary: str, token: str) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-def remove_fenced(runtime: str, binary: str, token: str) -> list[str]:
+def remove_fenced(runtime: str, client: Sequence[str], token: str) -> list[str]:
     """Kill and remove every container carrying the node's fence `token`; their names.
 
     For a restarted launcher (its predecessor's replicas must not train beside the next
     generation) and the watchdog (the node's lease lapsed), as fence.kill_fenced does for
     processes. Errors are swallowed: a runtime that cannot answer has no containers to remove.
     """
-    names = fenced_containers(binary, token)
+    names = fenced_containers(client, token)
+    binary, *flags = client
     for name in names:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(
-                Container(runtime, binary, name).remove_argv(),
+                Container(runtime, binary, name, tuple(flags)).remove_argv(),
                 capture_output=True,
                 timeout=_CLI_TIMEOUT_S,
                 check=False,

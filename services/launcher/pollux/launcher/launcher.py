@@ -62,6 +62,7 @@ from pollux.launcher.containers import (
     mount_problems,
     remove_fenced,
     run_argv,
+    runtime_is_rootless,
 )
 from pollux.launcher.fence import fence_margin, fence_token, kill_fenced
 from pollux.launcher.gpus import Inventory
@@ -237,12 +238,18 @@ class Launcher:
         self._keyring = JobKeyring(store)
         self.runtime_binary = None if config.runtime == "process" else find_runtime(config.runtime)
         """The container runtime's client (None: plain processes only, or it is missing)."""
+        self.runtime_client: tuple[str, ...] = (
+            ()
+            if self.runtime_binary is None
+            else (self.runtime_binary, *config.runtime_global_flags)
+        )
+        """The client's argv before a subcommand (binary and runtime_global_flags)."""
+        self._runtime_rootless = self._uid != 0
+        """Whether containers run without root (asked of podman at start)."""
         self.watchdog = WatchdogLink(
             self.fence_token,
             margin_s=fence_margin(config.lease_ttl_s),
-            container=None
-            if self.runtime_binary is None
-            else (config.runtime, self.runtime_binary),
+            container=None if not self.runtime_client else (config.runtime, *self.runtime_client),
         )
         self._registration = LeasedRegistration(
             store,
@@ -310,8 +317,12 @@ class Launcher:
                 "PATH: every job naming an image fails here until it is installed",
             )
             return
+        if runtime == "podman":
+            rootless = await asyncio.to_thread(runtime_is_rootless, self.runtime_client)
+            if rootless is not None:
+                self._runtime_rootless = rootless
         names = await asyncio.to_thread(
-            remove_fenced, runtime, self.runtime_binary, self.fence_token
+            remove_fenced, runtime, self.runtime_client, self.fence_token
         )
         if names:
             self._log.warning("stray_containers_removed", containers=names)
@@ -739,7 +750,8 @@ class Launcher:
             mounts=_mounts(spec),
             gpu=plan.slot if gpu else None,
             flags=self.config.runtime_flags,
-            rootless=self._uid != 0,
+            rootless=self._runtime_rootless,
+            global_flags=self.config.runtime_global_flags,
         )
         # The client gets the launcher's environment (it is a host program) plus the values
         # the container takes by name, so no value appears in its command line.

@@ -11,10 +11,12 @@ Stopping is SIGTERM to the group, `grace_s` to checkpoint and exit (the training
 reports 143 too: it was a planned stop, not a failure.
 
 A replica in a container (containers.py) is the same process, the runtime's attached ``run``
-client, which forwards SIGTERM and exits with the container's code. The one difference: a
-SIGKILL reaches the client, not the container, so once the client is gone (however it went)
-its container is killed and removed by name before the exit is reported, and the generation
-barrier never sees a container outlive its status.
+client, which exits with the container's code. Two differences: its SIGTERM goes to the
+container by name through the runtime (retried until the container exists or the grace
+period ends; a remote client would not forward a signal), and a SIGKILL reaches the client,
+not the container, so once the client is gone (however it went) its container is killed and
+removed by name before the exit is reported, and the generation barrier never sees a
+container outlive its status.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ _DRAIN_S = 5.0
 """How long output is drained after the process exits."""
 _SHOWN_CHARS = 512
 """A command is quoted in messages up to this length (it is user input)."""
+_SIGNAL_RETRY_S = 0.5
+"""Pause between attempts to SIGTERM a container that does not exist yet."""
 _CONTAINER_KILLED = 128 + signal.SIGKILL
 """What a runtime client reports for a container killed with SIGKILL (137)."""
 _REMOVE_S = 30.0
@@ -495,16 +499,51 @@ class Replica:
         if (code := await self._begin_stop()) is not None:
             return code
         grace = self.grace_s if grace_s is None else grace_s
+        signaller: asyncio.Task[None] | None = None
         if not self._terminated:
             self._terminated = True
             self._log.info("replica_stopping", grace_s=grace)
-            _signal_group(self.pid, signal.SIGTERM)
+            if self._container is None:
+                _signal_group(self.pid, signal.SIGTERM)
+            else:
+                signaller = asyncio.create_task(self._terminate_container(self._container))
         try:
             return await asyncio.wait_for(asyncio.shield(self.wait()), grace)
         except TimeoutError:
             self._log.warning("replica_killed", grace_s=grace)
             _signal_group(self.pid, signal.SIGKILL)
             return await self.wait()
+        finally:
+            if signaller is not None:
+                signaller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await signaller
+
+    async def _terminate_container(self, container: Container) -> None:
+        """SIGTERM the container through its runtime, retrying until that works or it exited.
+
+        The first attempts can fail while the client is still creating the container.
+        """
+        while not self._exited.is_set():
+            try:
+                signaller = await asyncio.create_subprocess_exec(
+                    *container.signal_argv("TERM"),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+                try:
+                    if await asyncio.wait_for(signaller.wait(), _REMOVE_S) == 0:
+                        return
+                finally:
+                    if signaller.returncode is None:
+                        signaller.kill()
+                        await signaller.wait()
+            except (OSError, TimeoutError) as error:
+                self._log.warning(
+                    "container_signal_failed", container=container.name, error=str(error)
+                )
+            await asyncio.sleep(_SIGNAL_RETRY_S)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -100,15 +100,15 @@ def _sweep(token: str, kill: Callable[[str], list[int]], *, reason: str, late_s:
         )
 
 
-def killer(container: tuple[str, str] | None) -> Callable[[str], list[int]]:
-    """The sweep: `kill_fenced`, then, with a (runtime, binary), the node's containers too."""
+def killer(container: tuple[str, ...] | None) -> Callable[[str], list[int]]:
+    """The sweep: `kill_fenced`, then, with (runtime, *client argv), the node's containers too."""
     if container is None:
         return kill_fenced
-    runtime, binary = container
+    runtime, *client = container
 
     def kill(token: str) -> list[int]:
         pids = kill_fenced(token)
-        names = remove_fenced(runtime, binary, token)
+        names = remove_fenced(runtime, client, token)
         if names:
             log.warning("containers_fenced", containers=names)
         return pids
@@ -122,12 +122,12 @@ class WatchdogLink:
     Args:
         token: The node's fence token (fence.fence_token).
         margin_s: How long before a lease's expiry the deadline falls (fence.fence_margin).
-        container: (runtime, client binary) when the node runs containers, whose containers
-            the watchdog removes too.
+        container: (runtime, client binary, global flags...) when the node runs containers,
+            whose containers the watchdog removes too.
     """
 
     def __init__(
-        self, token: str, *, margin_s: float, container: tuple[str, str] | None = None
+        self, token: str, *, margin_s: float, container: tuple[str, ...] | None = None
     ) -> None:
         self.token = token
         self.margin_s = margin_s
@@ -215,20 +215,21 @@ class WatchdogLink:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pollux.launcher.watchdog TOKEN [RUNTIME BINARY]``: enforce stdin's deadlines.
+    """``python -m pollux.launcher.watchdog TOKEN [RUNTIME BINARY [FLAG...]]``.
 
-    With RUNTIME and BINARY, each sweep also removes the node's containers.
+    Enforces the deadlines read from stdin. With RUNTIME and BINARY (and the runtime's global
+    flags), each sweep also removes the node's containers.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) not in (1, 3):
+    if len(args) in (0, 2):
         print(
-            "usage: python -m pollux.launcher.watchdog FENCE_TOKEN [RUNTIME BINARY]",
+            "usage: python -m pollux.launcher.watchdog FENCE_TOKEN [RUNTIME BINARY [FLAG...]]",
             file=sys.stderr,
         )
         return 2
     configure("launcher-watchdog")
     structlog.contextvars.bind_contextvars(node_id=args[0].partition("@")[0])
-    container = (args[1], args[2]) if len(args) == 3 else None
+    container = tuple(args[1:]) if len(args) >= 3 else None
     serve(sys.stdin.fileno(), args[0], kill=killer(container))
     return 0
 
