@@ -110,18 +110,70 @@ class ExplainRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("job", "decision", "round", "model", "batch")
+    __slots__ = ("job", "decision", "round", "model", "batch", "last_change", "alternatives", "holders", "batch_choice", "queue_position", "pending_jobs")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     decision: _types_pb2.JobDecision
     round: _types_pb2.Decision
     model: _types_pb2.JobModel
     batch: _types_pb2.BatchConfig
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ...) -> None: ...
+    last_change: _types_pb2.StateTransition
+    alternatives: _containers.RepeatedCompositeFieldContainer[ExplainAlternative]
+    holders: _containers.RepeatedCompositeFieldContainer[ExplainHolder]
+    batch_choice: ExplainBatch
+    queue_position: int
+    pending_jobs: int
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ...) -> None: ...
+
+class ExplainAlternative(_message.Message):
+    __slots__ = ("gpus", "nodes", "speedup", "goodput")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    nodes: int
+    speedup: float
+    goodput: float
+    def __init__(self, gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., speedup: _Optional[float] = ..., goodput: _Optional[float] = ...) -> None: ...
+
+class ExplainHolder(_message.Message):
+    __slots__ = ("job_id", "gpus", "speedup", "speedup_without_one")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_WITHOUT_ONE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    gpus: int
+    speedup: float
+    speedup_without_one: float
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., speedup: _Optional[float] = ..., speedup_without_one: _Optional[float] = ...) -> None: ...
+
+class ExplainBatch(_message.Message):
+    __slots__ = ("batch_size", "local_batch_size", "accum_steps", "throughput", "efficiency", "goodput")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    local_batch_size: int
+    accum_steps: int
+    throughput: float
+    efficiency: float
+    goodput: float
+    def __init__(self, batch_size: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., throughput: _Optional[float] = ..., efficiency: _Optional[float] = ..., goodput: _Optional[float] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ()

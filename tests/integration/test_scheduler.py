@@ -208,6 +208,15 @@ async def test_round_allocates_cancel_releases_delete_removes(
     explain = await replica.stub.Explain(spb.ExplainRequest(job_id=job.id))
     assert explain.decision.job_id == job.id
     assert explain.round.round >= 1
+    # The counterfactuals, evaluated on the live state: a job with no profile yet may use
+    # only the 1 GPU it explores on (max replicas = twice what it profiled), and without a
+    # model its goodput is unknown.
+    assert explain.last_change.state == pb.JOB_STATE_ALLOCATED
+    assert [(a.gpus, a.nodes) for a in explain.alternatives] == [(1, 1)]
+    assert explain.alternatives[0].speedup > 0
+    assert explain.alternatives[0].goodput == 0
+    assert list(explain.holders) == []  # no other job holds a GPU
+    assert (explain.queue_position, explain.pending_jobs) == (0, 0)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION

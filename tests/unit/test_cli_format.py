@@ -12,9 +12,12 @@ import yaml
 from pollux.client import format as fmt
 from pollux.client.types import (
     Allocation,
+    Alternative,
+    BatchChoice,
     BatchConfig,
     ClusterStatus,
     Explanation,
+    Holder,
     Job,
     JobDecision,
     JobSpec,
@@ -301,3 +304,37 @@ def test_lists_and_named_tuples_render():
 def test_render_data_picks_the_format():
     assert fmt.render_data({"a": 1}, "json") == '{\n  "a": 1\n}'
     assert fmt.render_data({"a": 1}, "yaml") == "a: 1"
+
+
+def test_explanation_text_shows_the_counterfactuals_with_units():
+    base = explanation()
+    text = fmt.explanation_text(
+        dataclasses.replace(
+            base,
+            last_change=Transition("RESCALING", T0, "scaled 1 → 2 GPUs"),
+            alternatives=(
+                Alternative(3, 2, 0.9, 120.0),
+                Alternative(4, 2, 1.5, 200.0),
+                Alternative(5, 2, 1.8, 240.0),
+            ),
+            holders=(Holder("j-other", 2, 1.2, 0.8),),
+            batch_choice=BatchChoice(256, 128, 0, 250.0, 0.8, 200.0),
+        )
+    )
+    assert "Last change:" in text
+    assert "RESCALING: scaled 1 → 2 GPUs" in text
+    assert "total 256 samples (128 per GPU × 1 micro-batch): throughput 250.0 samples/s" in text
+    assert "efficiency 0.800 = goodput 200.0 samples/s" in text
+    assert "+0.300 speedup for this job (4 → 5 GPUs)" in text
+    assert "j-other's last of 2 GPUs is worth 0.400 speedup to it (1.200 → 0.800)" in text
+    assert "SPEEDUP (× fair-share goodput)" in text
+    assert "GOODPUT (samples/s)" in text
+    assert "4 (now)" in text
+
+
+def test_a_pending_job_is_told_its_place_in_the_queue():
+    text = fmt.explanation_text(
+        Explanation(pending_job(), None, None, None, None, queue_position=2, pending_jobs=5)
+    )
+    assert "Queue:" in text
+    assert "2nd of 5 pending jobs (by submission time)" in text

@@ -17,9 +17,12 @@ from google.protobuf import timestamp_pb2
 
 from pollux.client.types import (
     Allocation,
+    Alternative,
+    BatchChoice,
     BatchConfig,
     ClusterStatus,
     Explanation,
+    Holder,
     Job,
     JobDecision,
     JobSpec,
@@ -366,6 +369,34 @@ def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:
         out.model.CopyFrom(model_to_proto(explanation.job.id, explanation.model))
     if explanation.batch is not None:
         out.batch.CopyFrom(batch_to_proto(explanation.batch))
+    change = explanation.last_change
+    if change is not None:
+        out.last_change.state = state_number(change.state)  # type: ignore[assignment]
+        out.last_change.reason = change.reason
+        time_to_proto(change.time, out.last_change.time)
+    for a in explanation.alternatives:
+        out.alternatives.add(gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput)
+    for h in explanation.holders:
+        out.holders.add(
+            job_id=h.job_id,
+            gpus=h.gpus,
+            speedup=h.speedup,
+            speedup_without_one=h.speedup_without_one,
+        )
+    choice = explanation.batch_choice
+    if choice is not None:
+        out.batch_choice.CopyFrom(
+            spb.ExplainBatch(
+                batch_size=choice.batch_size,
+                local_batch_size=choice.local_batch_size,
+                accum_steps=choice.accum_steps,
+                throughput=choice.throughput,
+                efficiency=choice.efficiency,
+                goodput=choice.goodput,
+            )
+        )
+    out.queue_position = explanation.queue_position
+    out.pending_jobs = explanation.pending_jobs
     return out
 
 
@@ -377,6 +408,38 @@ def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
         round=round_from_proto(message.round) if message.HasField("round") else None,
         model=model_from_proto(message.model) if message.HasField("model") else None,
         batch=batch_from_proto(message.batch) if message.HasField("batch") else None,
+        last_change=Transition(
+            state=state_name(message.last_change.state),
+            time=time_from_proto(message.last_change, "time"),
+            reason=message.last_change.reason,
+        )
+        if message.HasField("last_change")
+        else None,
+        alternatives=tuple(
+            Alternative(gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput)
+            for a in message.alternatives
+        ),
+        holders=tuple(
+            Holder(
+                job_id=h.job_id,
+                gpus=h.gpus,
+                speedup=h.speedup,
+                speedup_without_one=h.speedup_without_one,
+            )
+            for h in message.holders
+        ),
+        batch_choice=BatchChoice(
+            batch_size=message.batch_choice.batch_size,
+            local_batch_size=message.batch_choice.local_batch_size,
+            accum_steps=message.batch_choice.accum_steps,
+            throughput=message.batch_choice.throughput,
+            efficiency=message.batch_choice.efficiency,
+            goodput=message.batch_choice.goodput,
+        )
+        if message.HasField("batch_choice")
+        else None,
+        queue_position=message.queue_position,
+        pending_jobs=message.pending_jobs,
     )
 
 

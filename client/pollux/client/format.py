@@ -83,8 +83,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 
 def fields(pairs: Iterable[tuple[str, object]]) -> str:
-    """Aligned ``Label:  value`` lines."""
-    items = [(f"{k}:", str(v)) for k, v in pairs]
+    """Aligned ``Label:  value`` lines; an empty label continues the line above."""
+    items = [(f"{k}:" if k else "", str(v)) for k, v in pairs]
     width = max((len(k) for k, _ in items), default=0)
     return "\n".join(f"{k.ljust(width)}  {v}".rstrip() for k, v in items)
 
@@ -269,7 +269,90 @@ def explanation_text(explanation: Explanation) -> str:
             )
         )
     pairs += _model_pairs(explanation)
-    return fields(pairs)
+    pairs += _counterfactual_pairs(explanation)
+    text = fields(pairs)
+    if explanation.alternatives:
+        held = len(job.allocation.nodes) if job.allocation is not None else 0
+        rows = [
+            [
+                f"{a.gpus}{' (now)' if a.gpus == held else ''}",
+                a.nodes,
+                f"{a.speedup:.3f}",
+                f"{a.goodput:.1f}" if a.goodput else NONE,
+            ]
+            for a in explanation.alternatives
+        ]
+        headers = ["GPUS", "NODES", "SPEEDUP (× fair-share goodput)", "GOODPUT (samples/s)"]
+        text += "\n\nWith other GPU counts (predicted now):\n" + table(headers, rows)
+    return text
+
+
+def _counterfactual_pairs(explanation: Explanation) -> list[tuple[str, object]]:
+    """Explain's counterfactual lines: last change, queue, batch choice, where GPUs are."""
+    pairs: list[tuple[str, object]] = []
+    change = explanation.last_change
+    if change is not None:
+        pairs.append(
+            ("Last change", f"{timestamp(change.time)} {change.state}: {change.reason or NONE}")
+        )
+    if explanation.queue_position:
+        pairs.append(
+            (
+                "Queue",
+                f"{_ordinal(explanation.queue_position)} of {explanation.pending_jobs} pending "
+                f"job{'s' if explanation.pending_jobs != 1 else ''} (by submission time)",
+            )
+        )
+    choice = explanation.batch_choice
+    if choice is not None:
+        steps = choice.accum_steps + 1
+        pairs.append(
+            (
+                "Batch choice",
+                f"total {choice.batch_size} samples ({choice.local_batch_size} per GPU × "
+                f"{steps} micro-batch{'es' if steps != 1 else ''}): throughput "
+                f"{choice.throughput:.1f} samples/s × efficiency {choice.efficiency:.3f} = "
+                f"goodput {choice.goodput:.1f} samples/s",
+            )
+        )
+    pairs += _gpu_market(explanation)
+    return pairs
+
+
+def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
+    """One more GPU for this job against what the cheapest held GPUs are worth elsewhere."""
+    job = explanation.job
+    held = len(job.allocation.nodes) if job.allocation is not None else 0
+    speed = {a.gpus: a.speedup for a in explanation.alternatives}
+    pairs: list[tuple[str, object]] = []
+    if held + 1 in speed:
+        gain = speed[held + 1] - speed.get(held, 0.0)
+        pairs.append(
+            ("One more GPU", f"+{gain:.3f} speedup for this job ({held} → {held + 1} GPUs)")
+        )
+    for index, h in enumerate(explanation.holders):
+        pairs.append(
+            (
+                "Cheapest GPUs" if index == 0 else "",
+                f"{h.job_id}'s last of {h.gpus} GPU{'s' if h.gpus != 1 else ''} is worth "
+                f"{h.last_gpu_worth:.3f} speedup to it ({h.speedup:.3f} → "
+                f"{h.speedup_without_one:.3f})",
+            )
+        )
+    if explanation.holders and held + 1 in speed:
+        pairs.append(
+            (
+                "",
+                "the policy moves a GPU only where it raises its objective (the power mean "
+                "of speedups, p = -1, which favours jobs with low speedups)",
+            )
+        )
+    return pairs
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:

@@ -326,6 +326,61 @@ class Explanation:
     """None until the job's agent publishes a model."""
     batch: BatchConfig | None
     """What the agent would give the current allocation; None if unmodelled."""
+    last_change: Transition | None = None
+    """The transition that last changed its GPUs; None while it never held any."""
+    alternatives: tuple[Alternative, ...] = ()
+    """Its speedup and goodput at one GPU fewer, its count and one more (active jobs)."""
+    holders: tuple[Holder, ...] = ()
+    """The jobs whose last GPU is worth least to them, cheapest first."""
+    batch_choice: BatchChoice | None = None
+    """The model's batch choice on the current allocation; None without model or GPUs."""
+    queue_position: int = 0
+    """1-based place among pending jobs by submission time; 0 when not pending."""
+    pending_jobs: int = 0
+    """Pending jobs in the cluster."""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A GPU count for a job and what the policy predicts of it."""
+
+    gpus: int
+    nodes: int
+    """Nodes they span (the fewest that hold them)."""
+    speedup: float
+    """Goodput relative to the job's fair share of the cluster (dimensionless)."""
+    goodput: float
+    """M0-equivalent training samples per second (0 without a model)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A job holding GPUs and what its last GPU is worth to it."""
+
+    job_id: str
+    gpus: int
+    speedup: float
+    speedup_without_one: float
+
+    @property
+    def last_gpu_worth(self) -> float:
+        """Speedup the job would lose by giving one GPU up."""
+        return self.speedup - self.speedup_without_one
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """The batch size a job's model chooses on its allocation, and why (units in names)."""
+
+    batch_size: int
+    local_batch_size: int
+    accum_steps: int
+    throughput: float
+    """Training samples per second."""
+    efficiency: float
+    """Statistical efficiency relative to the initial batch size (1 = as efficient)."""
+    goodput: float
+    """throughput × efficiency, M0-equivalent samples per second."""
 
 
 @dataclass(frozen=True)

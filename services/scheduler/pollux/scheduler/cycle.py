@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,20 +158,15 @@ def plan_round(
         (j for j in working.values() if j.state in ACTIVE),
         key=lambda j: (j.create_time.ToNanoseconds(), j.id),
     )
-    nodes = tuple(
-        NodeInfo(name=n.name, gpus=int(n.gpus))
-        for n in sorted(snapshot.nodes.values(), key=lambda n: n.name)
-    )
-    total = sum(n.gpus for n in nodes)
-    state = ClusterState(
+    state = cluster_state(
+        snapshot,
+        active,
         now=now,
-        nodes=nodes,
-        jobs=tuple(
-            _known_info(j, snapshot.models.get(j.id), total, now, policy.name, known or {}, plan)
-            for j in active
+        info=lambda job, total: _known_info(
+            job, snapshot.models.get(job.id), total, now, policy.name, known or {}, plan
         ),
-        tenants=tenant_specs(snapshot.tenants),
     )
+    total = sum(n.gpus for n in state.nodes)
     plan.active_jobs = len(active)
     decision: AllocationDecision = policy.allocate(state, memory, rng)
     plan.memory = decision.memory
@@ -413,6 +408,37 @@ def _reallocate(
         transition(job, S.JOB_STATE_ALLOCATED, now, f"{reason}: {gpus}")
     else:
         transition(job, S.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
+
+
+def cluster_state(
+    snapshot: Snapshot,
+    active: Sequence[pb.Job],
+    *,
+    now: float,
+    info: Callable[[pb.Job, int], JobInfo] | None = None,
+    policy: str = "pollux",
+) -> ClusterState:
+    """The policy's view of `active` jobs (in submission order) on the snapshot's nodes.
+
+    `info(job, total_gpus)` builds each JobInfo (a round reuses last round's); by default
+    they are built afresh from the snapshot's models, as `Explain` does.
+    """
+    nodes = tuple(
+        NodeInfo(name=n.name, gpus=int(n.gpus))
+        for n in sorted(snapshot.nodes.values(), key=lambda n: n.name)
+    )
+    total = sum(n.gpus for n in nodes)
+    if info is None:
+
+        def info(job: pb.Job, total: int) -> JobInfo:
+            return _job_info(job, snapshot.models.get(job.id), total, now, policy)
+
+    return ClusterState(
+        now=now,
+        nodes=nodes,
+        jobs=tuple(info(job, total) for job in active),
+        tenants=tenant_specs(snapshot.tenants),
+    )
 
 
 def goodput_model(job: pb.Job, model: pb.JobModel | None) -> GoodputModel | None:

@@ -17,6 +17,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.scheduler import Scheduler
@@ -126,6 +127,9 @@ class SchedulerApp(ServiceApp):
             lambda: self.scheduler.last_round,
             warnings=campaign.maintainer.warnings,
             mirror=self.scheduler.mirror,
+            params=policy.params
+            if isinstance(policy := self.scheduler.policy, PolluxPolicy)
+            else None,
         )
         super().__init__(
             host,

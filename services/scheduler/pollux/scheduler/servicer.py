@@ -19,7 +19,10 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
+from pollux.policy.problem import PolluxParams
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
+from pollux.scheduler.cycle import cluster_state
+from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.logs import LauncherLogs
@@ -58,6 +61,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         on_change: Called after a write a round should react to (the local scheduler's trigger).
         last_round: Returns the last round this replica ran or saw.
         clock: Wall-clock seconds.
+        params: The Pollux objective's parameters (Explain's counterfactuals); None: defaults.
     """
 
     def __init__(
@@ -70,8 +74,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         *,
         warnings: Callable[[], list[str]] = list,
         mirror: ClusterMirror | None = None,
+        params: PolluxParams | None = None,
     ) -> None:
         self.store = store
+        self.params = params
+        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.logs = LauncherLogs(store, store.tls)
         self.warnings = warnings
         self.mirror = mirror
@@ -324,7 +331,55 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             shape = f"{len(set(job.allocation.nodes))}/{len(job.allocation.nodes)}"
             if shape in profile.value.last_configs:
                 response.batch.CopyFrom(profile.value.last_configs[shape])
+        change = last_change(job)
+        if change is not None:
+            response.last_change.CopyFrom(change)
+        if job.state in ACTIVE:
+            await self._counterfactual(job.id, response)
         return response
+
+    async def _counterfactual(self, job_id: str, response: spb.ExplainResponse) -> None:
+        """Fill Explain's counterfactuals from the live state (the mirror's, else etcd's)."""
+        mirror = self.mirror
+        snapshot = (
+            mirror.snapshot()
+            if mirror is not None and mirror.ready
+            else await self.store.snapshot()
+        )
+        active = sorted(
+            (e.value for e in snapshot.jobs.values() if e.value.state in ACTIVE),
+            key=lambda j: (j.create_time.ToNanoseconds(), j.id),
+        )
+        state = await asyncio.to_thread(cluster_state, snapshot, active, now=self.clock())
+        try:
+            found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
+        except KeyError:
+            return  # finished between the read of the job and the snapshot
+        for a in found.alternatives:
+            response.alternatives.add(
+                gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput
+            )
+        for h in found.holders:
+            response.holders.add(
+                job_id=h.job_id,
+                gpus=h.gpus,
+                speedup=h.speedup,
+                speedup_without_one=h.speedup_without_one,
+            )
+        if found.batch is not None:
+            b = found.batch
+            response.batch_choice.CopyFrom(
+                spb.ExplainBatch(
+                    batch_size=b.batch_size,
+                    local_batch_size=b.local_batch_size,
+                    accum_steps=b.accum_steps,
+                    throughput=b.throughput,
+                    efficiency=b.efficiency,
+                    goodput=b.goodput,
+                )
+            )
+        response.queue_position = found.queue_position
+        response.pending_jobs = found.pending_jobs
 
     async def ClusterStatus(
         self, request: spb.ClusterStatusRequest, context: Context
@@ -378,3 +433,19 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         job, _ = await self._job(request.job_id, "StreamLogs")
         async for response in self.logs.stream(job, request):
             yield response
+
+
+_GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)
+
+
+def last_change(job: pb.Job) -> pb.StateTransition | None:
+    """The newest transition that changed the job's GPUs; None while it never held any.
+
+    Allocated, rescaled, or suspended (back to PENDING after the submission).
+    """
+    history = list(job.history)
+    for index in range(len(history) - 1, -1, -1):
+        entry = history[index]
+        if entry.state in _GPU_CHANGES or (entry.state == S.JOB_STATE_PENDING and index > 0):
+            return entry
+    return None

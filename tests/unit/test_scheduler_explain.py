@@ -1,0 +1,116 @@
+"""Explain's counterfactuals (pollux.scheduler.explain) and the last GPU change of a job."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pollux.goodput import best_batch
+from pollux.policy.problem import PolluxParams, Problem
+from pollux.scheduler.explain import counterfactual
+from pollux.scheduler.servicer import last_change
+from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import job, nodes, random_state, state
+
+
+def test_a_running_job_sees_n_minus_one_n_and_n_plus_one_gpus_and_who_holds_the_rest() -> None:
+    cluster = nodes(2)
+    s = state(
+        [
+            job("mine", on=("n0", "n0")),
+            job("big", on=("n0", "n0", "n1", "n1")),
+            job("small", on=("n1",)),
+            job("waiting"),
+        ],
+        cluster,
+    )
+    found = counterfactual(s, "mine")
+    assert [(a.gpus, a.nodes) for a in found.alternatives] == [(1, 1), (2, 1), (3, 1)]
+    problem = Problem(s, PolluxParams())
+    expected = problem.speedup[0](np.array([1, 1, 1]), np.array([1, 2, 3]))
+    assert [a.speedup for a in found.alternatives] == pytest.approx(expected.tolist())
+    assert all(a.goodput > 0 for a in found.alternatives)  # the job has a model
+    # Holders: every other job that holds GPUs, cheapest last GPU first.
+    assert {h.job_id for h in found.holders} == {"big", "small"}
+    worth = [h.last_gpu_worth for h in found.holders]
+    assert worth == sorted(worth)
+    small = next(h for h in found.holders if h.job_id == "small")
+    assert small.speedup_without_one == 0.0  # its only GPU
+    # The batch pick is the model's choice, and goodput = throughput x efficiency.
+    pick = found.batch
+    assert pick is not None
+    model = s.jobs[0].model
+    assert model is not None
+    choice = best_batch(model, 1, 2)
+    assert pick.goodput == pytest.approx(float(choice.goodput))
+    assert pick.batch_size == 2 * pick.local_batch_size * (pick.accum_steps + 1)
+    assert pick.throughput * pick.efficiency == pytest.approx(pick.goodput)
+    assert 0 < pick.efficiency <= 1
+    assert (found.queue_position, found.pending_jobs) == (0, 1)
+
+
+def test_a_pending_job_is_placed_in_the_queue_by_submission_order() -> None:
+    s = state(
+        [job("old", age=900), job("runs", on=("n0",)), job("new", age=60, noise=None)],
+        nodes(1),
+    )
+    found = counterfactual(s, "new")
+    assert (found.queue_position, found.pending_jobs) == (2, 2)
+    assert [a.gpus for a in found.alternatives] == [1]  # it holds none: what one would give
+    assert found.alternatives[0].goodput == 0.0  # no model yet
+    assert found.batch is None
+    assert [h.job_id for h in found.holders] == ["runs"]
+
+
+def test_without_nodes_only_the_queue_is_known_and_unknown_jobs_are_refused() -> None:
+    found = counterfactual(state([job("a")], ()), "a")
+    assert (found.alternatives, found.holders, found.batch) == ((), (), None)
+    assert (found.queue_position, found.pending_jobs) == (1, 1)
+    with pytest.raises(KeyError):
+        counterfactual(state([job("a")], nodes(1)), "gone")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_any_cluster_gives_consistent_counterfactuals(seed: int) -> None:
+    s = random_state(np.random.default_rng(seed), num_nodes=4)
+    for info in s.jobs:
+        found = counterfactual(s, info.name)
+        held = len(info.allocation)
+        gpus = [a.gpus for a in found.alternatives]
+        assert gpus == sorted(gpus)
+        assert all(max(held - 1, 1) <= k <= held + 1 for k in gpus)
+        assert all(a.speedup >= 0 and a.goodput >= 0 for a in found.alternatives)
+        assert info.name not in {h.job_id for h in found.holders}
+        assert len(found.holders) <= 3
+        worth = [h.last_gpu_worth for h in found.holders]
+        assert worth == sorted(worth)
+        assert (found.queue_position == 0) == bool(info.allocation)
+
+
+def _history(*entries: tuple[int, str]) -> pb.Job:
+    return pb.Job(history=[pb.StateTransition(state=s, reason=r) for s, r in entries])
+
+
+def test_the_last_change_is_the_newest_allocation_rescale_or_suspension() -> None:
+    assert last_change(_history((pb.JOB_STATE_PENDING, "submitted"))) is None
+    running = _history(
+        (pb.JOB_STATE_PENDING, "submitted"),
+        (pb.JOB_STATE_ALLOCATED, "started on 1 GPUs"),
+        (pb.JOB_STATE_RUNNING, "1 replicas running"),
+        (pb.JOB_STATE_RESCALING, "scaled 1 → 2 GPUs"),
+        (pb.JOB_STATE_RUNNING, "2 replicas running"),
+    )
+    change = last_change(running)
+    assert change is not None
+    assert change.reason == "scaled 1 → 2 GPUs"
+    suspended = _history(
+        (pb.JOB_STATE_PENDING, "submitted"),
+        (pb.JOB_STATE_ALLOCATED, "started"),
+        (pb.JOB_STATE_PENDING, "suspended: its 1 GPUs are worth more to other jobs"),
+    )
+    change = last_change(suspended)
+    assert change is not None
+    assert change.reason.startswith("suspended")
