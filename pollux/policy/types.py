@@ -84,6 +84,14 @@ class JobInfo:
         oracle: Step times and remaining work (Optimus+Oracle).
         tenant: Name of the tenant (team) the job belongs to; "" or a name no `TenantSpec`
             defines puts it in the implicit default tenant (`pollux.policy.tenants`).
+        remaining_work: The job's declared remaining work, in the units the training library
+            counts progress in: scale-invariant steps at the initial batch size M0 (one step
+            on M0 samples = 1; a step on a larger batch counts its AdaScale gain), i.e. its
+            progress target minus its progress. None: the job declared no size. Only the
+            "jct" mode of the Pollux policy reads it (`pollux.policy.jct`).
+        restart_pause_s: Seconds a re-allocation of this job costs (its measured checkpoint-
+            restart pause); None: the policy's `PolluxParams.restart_delay`. Only the "jct"
+            mode reads it; the faithful policy always uses the flat delay, as published.
     """
 
     name: str
@@ -98,6 +106,8 @@ class JobInfo:
     target_batch_size: int | None = None
     oracle: OracleInfo | None = None
     tenant: str = ""
+    remaining_work: float | None = None
+    restart_pause_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

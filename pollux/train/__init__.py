@@ -51,6 +51,7 @@ from pollux.train.metrics import (
     MetricsSink,
     StepObservation,
     StepProfile,
+    WorkStatus,
 )
 from pollux.train.scaling import ScaledOptimizer, ScalingRule, lr_factor
 from pollux.train.trainer import ElasticTrainer, Stateful, default_device, init
@@ -85,6 +86,7 @@ __all__ = [
     "TrainEnv",
     "TrainError",
     "UsageError",
+    "WorkStatus",
     "adascale_gain",
     "default_batch_config",
     "default_device",

@@ -185,6 +185,12 @@ class AgentLink:
         if batch.grad is not None:
             request.gradient.sqr = float(batch.grad.sqr)
             request.gradient.var = float(batch.grad.var)
+        if batch.work is not None:
+            request.work.progress = batch.work.progress
+            if batch.work.remaining is not None:
+                request.work.remaining = batch.work.remaining
+            if batch.work.rescale_pause_s is not None:
+                request.work.rescale_pause_s = batch.work.rescale_pause_s
         try:
             self._call("ReportMetrics", request)
         except grpc.RpcError as error:

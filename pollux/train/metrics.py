@@ -73,6 +73,22 @@ class StepObservation:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkStatus:
+    """How far the job is and what it declared it has left (proto `WorkStatus`).
+
+    Attributes:
+        progress: Progress so far, M0-steps (optimizer steps of the initial batch: Σ gain).
+        remaining: Declared work left, M0-steps; None when the job declares no size.
+        rescale_pause_s: Seconds from the stop request that ended the previous allocation to
+            this one's first step; None before the first rescale.
+    """
+
+    progress: float
+    remaining: float | None = None
+    rescale_pause_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsBatch:
     """One report of a replica's measurements (proto `ReportMetricsRequest`).
 
@@ -85,6 +101,7 @@ class MetricsBatch:
         observations: Step times since the previous batch, one entry per configuration.
         grad: Latest smoothed gradient statistics, or None before the first estimate.
         created_at: Unix time the batch was cut.
+        work: The job's progress and declared remaining work, or None (not counted).
     """
 
     job_id: str
@@ -94,6 +111,7 @@ class MetricsBatch:
     observations: tuple[StepObservation, ...]
     grad: GradStats | None
     created_at: float
+    work: WorkStatus | None = None
 
 
 @runtime_checkable
@@ -411,6 +429,8 @@ class MetricsReporter:
         self._thread: threading.Thread | None = None
         self._grad: GradStats | None = None
         self._grad_reported: GradStats | None = None
+        self._work: WorkStatus | None = None
+        self._work_reported: WorkStatus | None = None
         self._seq = time.time_ns() // 1_000_000
         self._backoff = interval_s
         self._next_attempt = 0.0
@@ -431,6 +451,10 @@ class MetricsReporter:
     def set_grad_stats(self, stats: GradStats | None) -> None:
         """Publish the latest smoothed gradient statistics (sent with the next batch)."""
         self._grad = stats
+
+    def set_work(self, work: WorkStatus | None) -> None:
+        """Publish the job's latest work status (sent with the next batch)."""
+        self._work = work
 
     def start(self) -> None:
         """Start the reporting thread (idempotent)."""
@@ -482,10 +506,10 @@ class MetricsReporter:
 
     def _cut(self) -> None:
         observations = self.profile.take_delta()
-        grad = self._grad
-        if not observations and grad == self._grad_reported:
+        grad, work = self._grad, self._work
+        if not observations and grad == self._grad_reported and work == self._work_reported:
             return
-        self._grad_reported = grad
+        self._grad_reported, self._work_reported = grad, work
         with self._lock:
             self._seq += 1
             batch = MetricsBatch(
@@ -496,6 +520,7 @@ class MetricsReporter:
                 observations=observations,
                 grad=grad,
                 created_at=time.time(),
+                work=work,
             )
             if len(self._queue) >= self._max_pending:
                 self._queue.popleft()

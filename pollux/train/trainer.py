@@ -52,6 +52,7 @@ measures it against a plain DDP loop.
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -89,6 +90,7 @@ from pollux.train.metrics import (
     StepClock,
     StepProfile,
     StepRecorder,
+    WorkStatus,
 )
 from pollux.train.preemption import (
     any_replica,
@@ -238,6 +240,8 @@ class ElasticTrainer:
             waits much longer than this or one step.
     """
 
+    _declared: tuple[str, float] | None = None
+    """The declared size: ("epochs" | "samples" | "progress", total); None: undeclared."""
     rescale_pause_s: float | None = None
     """Seconds from the stop request (SIGTERM) that ended the previous allocation to this
     one's first optimizer step: what the rescale cost this job in wall time. None until that
@@ -443,6 +447,50 @@ class ElasticTrainer:
         """Optimizer steps applied since the job began."""
         return self.scaling.steps
 
+    def declare_total(self, *, samples: int | None = None, progress: float | None = None) -> None:
+        """Declare the job's size, so the scheduler can plan by the work it has left.
+
+        `epochs(N)` declares N passes over the dataset by itself; call this instead for a
+        budget of training `samples` (all replicas together, since the job began) or of
+        `progress` (optimizer steps of the initial batch M0, what `progress` counts). Give
+        exactly one.
+        """
+        if (samples is None) == (progress is None):
+            raise InvalidValueError("declare_total", "give exactly one of samples or progress")
+        if samples is not None:
+            if samples < 0:
+                raise InvalidValueError("samples", f"must be ≥ 0, got {samples}")
+            self._declared = ("samples", float(samples))
+        else:
+            assert progress is not None
+            if not math.isfinite(progress) or progress < 0:
+                raise InvalidValueError("progress", f"must be finite and ≥ 0, got {progress}")
+            self._declared = ("progress", float(progress))
+
+    @property
+    def remaining_work(self) -> float | None:
+        """Declared work left, in M0-steps (progress units); None when no size is declared.
+
+        A budget of samples (or epochs) converts at the current batch: one optimizer step of
+        M samples adds the AdaScale gain r to progress, so R samples left are R·r/M M0-steps.
+        """
+        declared = self._declared
+        if declared is None:
+            return None
+        kind, total = declared
+        if kind == "progress":
+            return max(0.0, total - self.progress)
+        if kind == "epochs":
+            size = self.loader.dataset_len
+            if size is None:
+                return None
+            done = self.loader.epoch * size + self.loader.position
+            total *= size
+        else:
+            done = self.loader.samples_total
+        left = max(0.0, total - done)
+        return left * self.scaling.last_gain / max(self.total_batch_size, 1)
+
     @property
     def batch_config(self) -> BatchConfig:
         """The batch configuration of the current (or next) optimizer step."""
@@ -486,6 +534,8 @@ class ElasticTrainer:
         """
         if num_epochs < 0:
             raise InvalidValueError("num_epochs", f"must be ≥ 0, got {num_epochs}")
+        if self._declared is None or self._declared[0] == "epochs":
+            self._declared = ("epochs", float(num_epochs))
         while self.loader.epoch < num_epochs:
             self._check_stop()
             before = (self.loader.epoch, self.loader.samples_total)
@@ -734,8 +784,7 @@ class ElasticTrainer:
         self._measure_rescale_pause()
         if not applied:
             self.collector.forget_previous()
-        if self.reporter is not None and self.gns.measured:
-            self.reporter.set_grad_stats(self.gns.stats)
+        self._publish()
         if agreed is not None:
             if agreed.config is not None and agreed.config != self.loader.batch_config:
                 self._switch_config(agreed.config)
@@ -984,6 +1033,14 @@ class ElasticTrainer:
         requested = self.stop_signal.requested
         if any_replica(requested, world_size=self.world_size, device=self._comm_device):
             self._preempt()
+
+    def _publish(self) -> None:
+        """Hand the reporter what changed with this step: gradient statistics, work status."""
+        if self.reporter is None:
+            return
+        if self.gns.measured:
+            self.reporter.set_grad_stats(self.gns.stats)
+        self.reporter.set_work(WorkStatus(self.progress, self.remaining_work, self.rescale_pause_s))
 
     def _measure_rescale_pause(self) -> None:
         """At this process's first step, record the pause since the last stop request.

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("job_id", "generation", "rank", "seq", "observations", "gradient")
+    __slots__ = ("job_id", "generation", "rank", "seq", "observations", "gradient", "work")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     generation: int
     rank: int
     seq: int
     observations: _containers.RepeatedCompositeFieldContainer[_types_pb2.StepObservation]
     gradient: _types_pb2.GradientStats
-    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., seq: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[_types_pb2.StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[_types_pb2.GradientStats, _Mapping]] = ...) -> None: ...
+    work: _types_pb2.WorkStatus
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., seq: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[_types_pb2.StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[_types_pb2.GradientStats, _Mapping]] = ..., work: _Optional[_Union[_types_pb2.WorkStatus, _Mapping]] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
     __slots__ = ("applied", "observations", "agents")

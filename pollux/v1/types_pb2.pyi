@@ -241,7 +241,7 @@ class ThroughputParams(_message.Message):
     def __init__(self, alpha_c: _Optional[float] = ..., beta_c: _Optional[float] = ..., alpha_n: _Optional[float] = ..., beta_n: _Optional[float] = ..., alpha_r: _Optional[float] = ..., beta_r: _Optional[float] = ..., gamma: _Optional[float] = ..., sync_model: _Optional[_Union[SyncModel, str]] = ...) -> None: ...
 
 class JobModel(_message.Message):
-    __slots__ = ("job_id", "throughput", "grad_sqr", "grad_var", "batch", "max_profiled_replicas", "observations", "update_time", "agent_id")
+    __slots__ = ("job_id", "throughput", "grad_sqr", "grad_var", "batch", "max_profiled_replicas", "observations", "update_time", "agent_id", "work")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class JobModel(_message.Message):
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     throughput: ThroughputParams
     grad_sqr: float
@@ -260,7 +261,18 @@ class JobModel(_message.Message):
     observations: int
     update_time: _timestamp_pb2.Timestamp
     agent_id: str
-    def __init__(self, job_id: _Optional[str] = ..., throughput: _Optional[_Union[ThroughputParams, _Mapping]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., max_profiled_replicas: _Optional[int] = ..., observations: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    work: WorkStatus
+    def __init__(self, job_id: _Optional[str] = ..., throughput: _Optional[_Union[ThroughputParams, _Mapping]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., max_profiled_replicas: _Optional[int] = ..., observations: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_id: _Optional[str] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ...) -> None: ...
+
+class WorkStatus(_message.Message):
+    __slots__ = ("progress", "remaining", "rescale_pause_s")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    progress: float
+    remaining: float
+    rescale_pause_s: float
+    def __init__(self, progress: _Optional[float] = ..., remaining: _Optional[float] = ..., rescale_pause_s: _Optional[float] = ...) -> None: ...
 
 class StepObservation(_message.Message):
     __slots__ = ("num_nodes", "num_replicas", "local_batch_size", "accum_steps", "accum_step_time_s", "optim_step_time_s", "count")
@@ -289,7 +301,7 @@ class GradientStats(_message.Message):
     def __init__(self, sqr: _Optional[float] = ..., var: _Optional[float] = ...) -> None: ...
 
 class ObservationProfile(_message.Message):
-    __slots__ = ("job_id", "observations", "gradient", "applied_seq", "last_configs")
+    __slots__ = ("job_id", "observations", "gradient", "applied_seq", "last_configs", "work")
     class AppliedSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -309,12 +321,14 @@ class ObservationProfile(_message.Message):
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     observations: _containers.RepeatedCompositeFieldContainer[StepObservation]
     gradient: GradientStats
     applied_seq: _containers.ScalarMap[str, int]
     last_configs: _containers.MessageMap[str, BatchConfig]
-    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ..., last_configs: _Optional[_Mapping[str, BatchConfig]] = ...) -> None: ...
+    work: WorkStatus
+    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ..., last_configs: _Optional[_Mapping[str, BatchConfig]] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ...) -> None: ...
 
 class BatchConfig(_message.Message):
     __slots__ = ("local_batch_size", "accum_steps", "total_batch_size", "predicted_speedup")

@@ -250,6 +250,18 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
             lambda: client.get_job(job_id).state == "SUCCEEDED", deadline.left(), "the job to end"
         )
         job = client.get_job(job_id)
+        model = client.explain(job_id).model
+
+    # The job declared its size (trainer.epochs) and measured its rescale pauses, and its
+    # reports carried both to the published model. (Whether the very last report, sent while
+    # the replica exits, arrived is best effort: the remaining work is not checked for 0.)
+    assert model is not None
+    assert model.progress is not None
+    assert model.progress > 0
+    assert model.remaining_work is not None
+    assert model.remaining_work >= 0
+    assert model.rescale_pause_s is not None
+    assert model.rescale_pause_s > 0
 
     resized = [t.reason for t in job.history if t.state == "RESCALING"]
     assert len(resized) >= 4, [t.reason for t in job.history]

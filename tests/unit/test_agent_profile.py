@@ -200,6 +200,45 @@ def test_latest_gradient_statistics_replace_earlier_ones():
     assert (profile.gradient.sqr, profile.gradient.var) == (3.0, 4.0)
 
 
+def _with_work(request: api.ReportMetricsRequest, **work: float) -> api.ReportMetricsRequest:
+    request.work.CopyFrom(pb.WorkStatus(**work))
+    return request
+
+
+def test_the_latest_work_status_reaches_the_published_model():
+    profile = merge_report(
+        pb.ObservationProfile(), _with_work(report(obs()), progress=5.0, remaining=95.0)
+    ).profile
+    profile = merge_report(profile, report(obs(), seq=2)).profile  # no work: kept
+    assert (profile.work.progress, profile.work.remaining) == (5.0, 95.0)
+    later = _with_work(report(obs(), seq=3), progress=9.0, remaining=91.0, rescale_pause_s=4.5)
+    profile = merge_report(profile, later).profile
+    model = build_model(profile, pb.BatchLimits(), None, agent_id="a", now_s=1.0)
+    assert (model.work.progress, model.work.remaining, model.work.rescale_pause_s) == (
+        9.0,
+        91.0,
+        4.5,
+    )
+    undeclared = merge_report(pb.ObservationProfile(), _with_work(report(obs()), progress=1.0))
+    assert not undeclared.profile.work.HasField("remaining")  # no size declared: None
+
+
+@pytest.mark.parametrize(
+    ("work", "field"),
+    [
+        ({"progress": -1.0}, "work.progress"),
+        ({"progress": math.inf}, "work.progress"),
+        ({"progress": 1.0, "remaining": 1e13}, "work.remaining"),
+        ({"progress": 1.0, "remaining": math.nan}, "work.remaining"),
+        ({"progress": 1.0, "rescale_pause_s": -2.0}, "work.rescale_pause_s"),
+        ({"progress": 1.0, "rescale_pause_s": 30 * 86400.0}, "work.rescale_pause_s"),
+    ],
+)
+def test_implausible_work_is_refused_naming_the_field(work: dict[str, float], field: str) -> None:
+    problems = check_report(_with_work(report(obs()), **work))
+    assert [name for name, _ in problems] == [field]
+
+
 # -- bounds ----------------------------------------------------------------------------------
 
 

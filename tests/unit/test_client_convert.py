@@ -105,7 +105,10 @@ models = st.builds(
     min_local_batch_size=U32,
     max_local_batch_size=U32,
     update_time=TIMES,
-)
+    progress=st.none() | FLOATS,
+    remaining_work=st.none() | FLOATS,
+    rescale_pause_s=st.none() | FLOATS,
+).filter(lambda m: m.progress is not None or (m.remaining_work, m.rescale_pause_s) == (None, None))
 explanations = st.builds(
     Explanation,
     job=jobs,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pollux.goodput import best_batch
 from pollux.policy.problem import PolluxParams, Problem
+from pollux.scheduler.cycle import declared_work
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
@@ -114,3 +115,12 @@ def test_the_last_change_is_the_newest_allocation_rescale_or_suspension() -> Non
     change = last_change(suspended)
     assert change is not None
     assert change.reason.startswith("suspended")
+
+
+def test_a_jobs_declared_work_and_rescale_pause_reach_the_policys_view() -> None:
+    assert declared_work(None) == (None, None)
+    assert declared_work(pb.JobModel()) == (None, None)  # an older library reports no work
+    undeclared = pb.JobModel(work=pb.WorkStatus(progress=3.0))
+    assert declared_work(undeclared) == (None, None)
+    model = pb.JobModel(work=pb.WorkStatus(progress=3.0, remaining=97.0, rescale_pause_s=12.5))
+    assert declared_work(model) == (97.0, 12.5)

@@ -178,3 +178,43 @@ def test_a_restart_after_a_periodic_checkpoint_measures_no_pause(tmp_path):
     assert second.steps == 3
     assert second.rescale_pause_s is None
     second.close()
+
+
+def test_epochs_declare_the_job_size_and_reports_carry_the_work_left():
+    # 64 samples, M0 = 8: one epoch is 8 steps of M0. Before any gain is measured, a step adds
+    # gain 1 at M = M0, so the work left is (samples left) / M0 in M0-steps.
+    sink = InMemorySink()
+    t = trainer(
+        metrics_sink=sink, connect_agent=False, batch_source=FixedBatchConfig(BatchConfig(8))
+    )
+    assert t.remaining_work is None  # nothing declared yet
+    epochs = t.epochs(3)
+    next(epochs)
+    assert t.remaining_work == pytest.approx(3 * 64 / 8)
+    train_steps(t, 5)
+    assert t.steps == 5
+    left = t.remaining_work
+    assert left is not None
+    assert left == pytest.approx((3 * 64 - 5 * 8) * t.scaling.last_gain / 8)
+    t.reporter.flush()
+    work = [b.work for b in sink.batches if b.work is not None]
+    assert work
+    assert work[-1].progress == pytest.approx(t.progress)
+    assert work[-1].remaining == pytest.approx(left)
+    assert work[-1].rescale_pause_s is None
+    t.close()
+
+
+def test_a_declared_budget_counts_down_and_bad_budgets_are_refused():
+    t = trainer(connect_agent=False)
+    t.declare_total(progress=10.0)
+    train_steps(t, 3)
+    assert t.remaining_work == pytest.approx(10.0 - t.progress)
+    t.declare_total(samples=100)
+    assert t.remaining_work == pytest.approx(
+        (100 - t.loader.samples_total) * t.scaling.last_gain / t.total_batch_size
+    )
+    for bad in ({}, {"samples": 1, "progress": 1.0}, {"samples": -1}, {"progress": float("nan")}):
+        with pytest.raises(InvalidValueError):
+            t.declare_total(**bad)
+    t.close()

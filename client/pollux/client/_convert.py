@@ -310,6 +310,12 @@ def model_to_proto(job_id: str, model: ModelSummary) -> pb.JobModel:
         observations=model.observations,
         agent_id=model.agent_id,
     )
+    if model.progress is not None:
+        out.work.progress = model.progress
+        if model.remaining_work is not None:
+            out.work.remaining = model.remaining_work
+        if model.rescale_pause_s is not None:
+            out.work.rescale_pause_s = model.rescale_pause_s
     if model.throughput is not None:
         t = model.throughput
         out.throughput.CopyFrom(
@@ -355,7 +361,19 @@ def model_from_proto(message: pb.JobModel) -> ModelSummary:
         min_local_batch_size=message.batch.min_local_batch_size,
         max_local_batch_size=message.batch.max_local_batch_size,
         update_time=time_from_proto(message, "update_time"),
+        **_work_from_proto(message),
     )
+
+
+def _work_from_proto(message: pb.JobModel) -> dict[str, float | None]:
+    if not message.HasField("work"):
+        return {}
+    work = message.work
+    return {
+        "progress": work.progress,
+        "remaining_work": work.remaining if work.HasField("remaining") else None,
+        "rescale_pause_s": work.rescale_pause_s if work.HasField("rescale_pause_s") else None,
+    }
 
 
 def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:

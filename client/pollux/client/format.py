@@ -373,6 +373,18 @@ def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:
             f"per-GPU {model.min_local_batch_size}..{model.max_local_batch_size}",
         ),
     ]
+    if model.progress is not None:
+        left = (
+            "no size declared"
+            if model.remaining_work is None
+            else f"{model.remaining_work:.1f} M0-steps declared left"
+        )
+        pause = (
+            ""
+            if model.rescale_pause_s is None
+            else f"; last rescale pause {model.rescale_pause_s:.1f} s (SIGTERM to first step)"
+        )
+        pairs.append(("Work", f"{model.progress:.1f} M0-steps done, {left}{pause}"))
     t = model.throughput
     if t is None:
         pairs.append(("Throughput", "not fitted yet"))

@@ -312,6 +312,12 @@ class ModelSummary:
     min_local_batch_size: int
     max_local_batch_size: int
     update_time: datetime | None
+    progress: float | None = None
+    """Training progress, M0-steps (optimizer steps of the initial batch); None: not reported."""
+    remaining_work: float | None = None
+    """Declared work left, M0-steps; None when the job declares no size."""
+    rescale_pause_s: float | None = None
+    """Seconds from SIGTERM to the first step of its latest rescale; None before one."""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,8 @@ def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsReque
     _drop_rows(merged, {_config_of(obs) for obs in request.observations})
     if request.HasField("gradient"):
         merged.gradient.CopyFrom(request.gradient)
+    if request.HasField("work"):
+        merged.work.CopyFrom(request.work)
     return Merge(merged, applied=True, new_configuration=new_configuration)
 
 
@@ -308,6 +310,8 @@ def build_model(
     )
     if throughput is not None:
         model.throughput.CopyFrom(throughput)
+    if profile.HasField("work"):
+        model.work.CopyFrom(profile.work)
     stamp = Timestamp()
     stamp.FromNanoseconds(int(now_s * 1e9))
     model.update_time.CopyFrom(stamp)

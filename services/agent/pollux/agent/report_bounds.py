@@ -36,6 +36,11 @@ stored) — claims no honest replica makes:
 - ``gradient.sqr`` / ``gradient.var``: finite, >= 0 and at most `MAX_GRADIENT_STAT`. Gradient
   statistics are not merged: the latest report's replace the previous ones, so a report's
   weight there is bounded by construction (until the next report).
+- ``work``: progress and remaining work finite, >= 0 and at most `MAX_WORK_STEPS`; the rescale
+  pause finite, >= 0 and at most `MAX_RESCALE_PAUSE_S`. Replaced by the next report, as the
+  gradient statistics are. A job's own credential is needed to report it, so a job can only
+  misstate its own size (which moves its own place, bounded by the policy's starvation
+  guard, not anyone's model).
 
 **Clipped** (applied, logged as ``agent_report_clipped``): the steps one report adds to the
 profile, Σ count, are scaled down to at most `MAX_REPORT_STEPS` (each observation keeps at
@@ -81,6 +86,10 @@ MAX_REPORT_STEPS = 512
 """Most optimizer steps one report adds to the profile (more are clipped, see module doc)."""
 MAX_GRADIENT_STAT = 1e30
 """Largest plausible gradient statistic: a squared gradient norm beyond it has diverged."""
+MAX_WORK_STEPS = 1e12
+"""Largest plausible progress or remaining work, M0-steps (a trillion optimizer steps)."""
+MAX_RESCALE_PAUSE_S = 7 * 86400.0
+"""Longest plausible rescale pause: a week (a job suspended that long counts as a restart)."""
 MAX_TRACKED_REPLICAS = 65_536
 """Replica budgets an agent keeps; the least recently reporting go first (they restart full)."""
 
@@ -137,6 +146,23 @@ def check_values(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
             value = getattr(request.gradient, name)
             if math.isfinite(value) and value > MAX_GRADIENT_STAT:
                 out.append((f"gradient.{name}", f"{value:g}; at most {MAX_GRADIENT_STAT:g}"))
+    if request.HasField("work"):
+        out.extend(check_work(request.work))
+    return out
+
+
+def check_work(work: pb.WorkStatus) -> list[tuple[str, str]]:
+    """A work status's bound violations: finite, non-negative, plausible (module doc)."""
+    limits = {"progress": MAX_WORK_STEPS}
+    if work.HasField("remaining"):
+        limits["remaining"] = MAX_WORK_STEPS
+    if work.HasField("rescale_pause_s"):
+        limits["rescale_pause_s"] = MAX_RESCALE_PAUSE_S
+    out = []
+    for name, top in limits.items():
+        value = getattr(work, name)
+        if not (math.isfinite(value) and 0 <= value <= top):
+            out.append((f"work.{name}", f"{value:g}; must be finite and in [0, {top:g}]"))
     return out
 
 

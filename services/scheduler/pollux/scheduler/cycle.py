@@ -517,6 +517,7 @@ def _job_info(
     explore = max(1, 2 * profiled, len(job.allocation.nodes))
     max_replicas = max(1, min(cap, by_batch, explore))
     gm = goodput_model(job, model)
+    remaining, pause = declared_work(model)
     oracle = None
     if policy == "optimus":
         oracle = _predicted_oracle(gm, max_replicas)
@@ -532,6 +533,22 @@ def _job_info(
         target_batch_size=int(limits.initial_batch_size),
         oracle=oracle,
         tenant=job.tenant,
+        remaining_work=remaining,
+        restart_pause_s=pause,
+    )
+
+
+def declared_work(model: pb.JobModel | None) -> tuple[float | None, float | None]:
+    """(remaining work in M0-steps, last rescale pause in s) of the job's latest work report.
+
+    None for what it did not report (no size declared, no rescale yet, an older library).
+    """
+    if model is None or not model.HasField("work"):
+        return None, None
+    work = model.work
+    return (
+        work.remaining if work.HasField("remaining") else None,
+        work.rescale_pause_s if work.HasField("rescale_pause_s") else None,
     )
 
 
