@@ -53,6 +53,8 @@ class AuditLog:
         self._queue: deque[pb.AuditRecord] = deque(maxlen=QUEUE_LIMIT)
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
+        """One flush at a time: `close` and the background task would write a batch twice."""
 
     def record(
         self,
@@ -104,6 +106,10 @@ class AuditLog:
 
     async def flush(self) -> bool:
         """Write up to one batch of queued records; False if etcd refused (kept queued)."""
+        async with self._flushing:
+            return await self._flush_batch()
+
+    async def _flush_batch(self) -> bool:
         batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
         if not batch:
             return True
@@ -119,8 +125,11 @@ class AuditLog:
         except StoreError as error:
             log.warning("audit_store_failed", error=str(error), queued=len(self._queue))
             return False
-        for _ in batch:
-            self._queue.popleft()
+        for entry in batch:
+            # A full queue may have evicted some of the batch meanwhile (maxlen): pop only
+            # what is still at the front, never a newer record.
+            if self._queue and self._queue[0] is entry:
+                self._queue.popleft()
         AUDITED.labels("stored").inc(len(batch))
         return True
 
