@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -232,6 +233,44 @@ async def test_round_allocates_cancel_releases_delete_removes(
     assert job.id not in allocations
     await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
     assert await store.get_job(job.id) is None
+
+
+async def test_a_job_that_declares_its_size_gets_an_estimated_completion(
+    replica: Replica, store: Store
+) -> None:
+    await add_node(store, "n1", 4)
+    job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="e"))).job
+
+    async def allocated() -> bool:
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        return len(got.allocation.nodes) >= 1
+
+    await eventually(allocated)
+    got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+    assert not got.HasField("estimated_completion")  # no model, no declared size yet
+    # Its agent publishes a model with a throughput fit and 1000 M0-steps declared left.
+    perf = pb.ThroughputParams(
+        alpha_c=0.02, beta_c=0.0007, alpha_n=0.15, beta_n=0.01, alpha_r=0.03, beta_r=0.004,
+        gamma=2.0,
+    )  # fmt: skip
+    model = pb.JobModel(
+        job_id=job.id, throughput=perf, work=pb.WorkStatus(progress=5.0, remaining=1000.0)
+    )
+    await store.put(store.keys.model(job.id), model)
+    asked = time.time()
+
+    async def estimated() -> bool:
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+        return got.HasField("estimated_completion")
+
+    await eventually(estimated)  # the mirror sees the model within a watch delivery
+    got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+    assert got.estimated_completion.ToNanoseconds() / 1e9 > asked
+    listed = (await replica.stub.ListJobs(spb.ListJobsRequest())).jobs
+    assert next(j for j in listed if j.id == job.id).HasField("estimated_completion")
+    stored = await store.get_job(job.id)
+    assert stored is not None
+    assert not stored.value.HasField("estimated_completion")  # computed at read, not stored
 
 
 async def test_replica_reports_drive_running_and_success(replica: Replica, store: Store) -> None:

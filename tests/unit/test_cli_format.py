@@ -181,6 +181,7 @@ def test_jobs_table():
         "1",
         "0",
         "30m",
+        "-",  # no estimate: the job declares no size
     ]
     # A pending cancellation is marked with a star.
     assert lines[2].split() == [
@@ -194,6 +195,7 @@ def test_jobs_table():
         "0",
         "0",
         "30s",
+        "-",
     ]
     column = lines[0].index("STATE")
     assert lines[1][column:].startswith("RUNNING")
@@ -338,3 +340,14 @@ def test_a_pending_job_is_told_its_place_in_the_queue():
     )
     assert "Queue:" in text
     assert "2nd of 5 pending jobs (by submission time)" in text
+
+
+def test_a_job_with_an_estimate_shows_it_in_ls_and_describe():
+    job = dataclasses.replace(running_job(), estimated_completion=NOW + timedelta(minutes=12))
+    row = fmt.jobs_table([job], NOW).splitlines()[1].split()
+    assert row[-2:] == ["in", "12m"]
+    assert "Expected end:  2024-05-01 12:42:00Z (in 12m; declared remaining work" in (
+        fmt.job_details(job, NOW)
+    )
+    late = dataclasses.replace(job, estimated_completion=NOW - timedelta(minutes=1))
+    assert fmt.jobs_table([late], NOW).splitlines()[1].split()[-1] == "due"

@@ -7,13 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pollux.agent.profile import perf_to_pb
 from pollux.goodput import best_batch
 from pollux.policy.problem import PolluxParams, Problem
-from pollux.scheduler.cycle import declared_work
+from pollux.scheduler.cycle import declared_work, goodput_model, seconds_left
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
 from tests.unit.policy_builders import job, nodes, random_state, state
+from tests.unit.policy_builders import model as policy_model
 
 
 def test_a_running_job_sees_n_minus_one_n_and_n_plus_one_gpus_and_who_holds_the_rest() -> None:
@@ -124,3 +126,36 @@ def test_a_jobs_declared_work_and_rescale_pause_reach_the_policys_view() -> None
     assert declared_work(undeclared) == (None, None)
     model = pb.JobModel(work=pb.WorkStatus(progress=3.0, remaining=97.0, rescale_pause_s=12.5))
     assert declared_work(model) == (97.0, 12.5)
+
+
+def _running(nodes: list[str]) -> pb.Job:
+    job = pb.Job(id="j-1", state=pb.JOB_STATE_RUNNING)
+    job.spec.batch.initial_batch_size = 128
+    job.spec.batch.max_batch_size = 4096
+    job.spec.batch.min_local_batch_size = 32
+    job.spec.batch.max_local_batch_size = 512
+    job.allocation.nodes.extend(nodes)
+    return job
+
+
+def test_the_time_left_is_declared_work_over_the_predicted_goodput_of_the_allocation() -> None:
+    job = _running(["n0", "n0", "n1", "n1"])
+    fitted = policy_model()
+    model = pb.JobModel(
+        throughput=perf_to_pb(fitted.perf),
+        grad_sqr=fitted.grad.sqr,
+        grad_var=fitted.grad.var,
+        work=pb.WorkStatus(progress=10.0, remaining=500.0),
+    )
+    left = seconds_left(job, model)
+    assert left is not None
+    rate = float(best_batch(goodput_model(job, model), 2, 4).goodput)  # M0 samples/s
+    assert left == pytest.approx(500.0 * 128 / rate)
+    # Unknown without GPUs, without a declared size, or without a throughput fit.
+    assert seconds_left(_running([]), model) is None
+    undeclared = pb.JobModel()
+    undeclared.CopyFrom(model)
+    undeclared.work.ClearField("remaining")
+    assert seconds_left(job, undeclared) is None
+    assert seconds_left(job, pb.JobModel(work=pb.WorkStatus(remaining=5.0))) is None
+    assert seconds_left(job, None) is None

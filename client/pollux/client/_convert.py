@@ -194,6 +194,7 @@ def job_to_proto(job: Job) -> pb.Job:
         time_to_proto(transition.time, entry.time)
     time_to_proto(job.create_time, out.create_time)
     time_to_proto(job.finish_time, out.finish_time)
+    time_to_proto(job.estimated_completion, out.estimated_completion)
     if job.allocation is not None:
         allocation_to_proto(job.allocation, out.allocation)
     return out
@@ -219,6 +220,7 @@ def job_from_proto(message: pb.Job) -> Job:
         attained_gpu_seconds=message.attained_gpu_seconds,
         owner=message.owner,
         tenant=message.tenant,
+        estimated_completion=time_from_proto(message, "estimated_completion"),
     )
 
 

@@ -154,6 +154,7 @@ JOB_HEADERS = (
     "RESTARTS",
     "FAILURES",
     "AGE",
+    "ETA",
 )
 
 
@@ -172,7 +173,15 @@ def job_row(job: Job, now: datetime) -> list[object]:
         job.restarts,
         job.failures,
         age(job.create_time, now),
+        eta(job.estimated_completion, now),
     ]
+
+
+def eta(when: datetime | None, now: datetime) -> str:
+    """Time until a predicted completion, like ``in 12m``; "-" when unknown."""
+    if when is None:
+        return NONE
+    return "due" if when <= now else f"in {age(now, when)}"
 
 
 def jobs_table(jobs: Iterable[Job], now: datetime) -> str:
@@ -190,6 +199,13 @@ def job_details(job: Job, now: datetime) -> str:
         ("State", job.state + (" (cancel requested)" if job.cancel_requested else "")),
         ("Created", f"{timestamp(job.create_time)} ({age(job.create_time, now)} ago)"),
         ("Finished", timestamp(job.finish_time)),
+        (
+            "Expected end",
+            NONE
+            if job.estimated_completion is None
+            else f"{timestamp(job.estimated_completion)} ({eta(job.estimated_completion, now)}; "
+            "declared remaining work ÷ predicted goodput on its current GPUs)",
+        ),
         ("Request id", job.request_id or NONE),
         ("Restarts", job.restarts),
         ("Failures", f"{job.failures} (tolerates {spec.max_failures or 3})"),

@@ -223,6 +223,9 @@ class Job:
     """Who submitted it ("local" on a cluster without authentication)."""
     tenant: str = ""
     """The owner's tenant at submission ("" is the default tenant)."""
+    estimated_completion: datetime | None = None
+    """Predicted completion (declared remaining work ÷ predicted goodput on its current GPUs),
+    as of the read; None when unknown (no GPUs, no declared size or no model yet)."""
 
     @property
     def gpus(self) -> int:

@@ -31,6 +31,7 @@ from pollux.goodput import (
     GradParams,
     PerfParams,
     SyncModel,
+    best_batch,
     iteration_time,
 )
 from pollux.goodput import errors as goodput_errors
@@ -536,6 +537,23 @@ def _job_info(
         remaining_work=remaining,
         restart_pause_s=pause,
     )
+
+
+def seconds_left(job: pb.Job, model: pb.JobModel | None) -> float | None:
+    """Predicted seconds until `job` completes on its current allocation, or None.
+
+    Declared remaining work (M0-steps) x M0 / the goodput (M0-equivalent samples/s) its model
+    predicts at the batch it would choose there: what `estimated_completion` adds to now.
+    None when it holds no GPUs, declares no size or has no throughput model yet.
+    """
+    replicas = len(job.allocation.nodes)
+    remaining, _ = declared_work(model)
+    fitted = goodput_model(job, model) if remaining is not None and replicas else None
+    if fitted is None or remaining is None:
+        return None
+    nodes = len(set(job.allocation.nodes))
+    rate = float(best_batch(fitted, nodes, replicas).goodput)
+    return remaining * fitted.init_batch_size / rate if rate > 0 else None
 
 
 def declared_work(model: pb.JobModel | None) -> tuple[float | None, float | None]:

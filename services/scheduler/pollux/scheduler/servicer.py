@@ -21,7 +21,7 @@ import structlog
 
 from pollux.policy.problem import PolluxParams
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
-from pollux.scheduler.cycle import cluster_state
+from pollux.scheduler.cycle import cluster_state, seconds_left
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
@@ -152,7 +152,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
         job, _ = await self._job(request.job_id, "GetJob")
-        return spb.GetJobResponse(job=redacted(job))
+        return spb.GetJobResponse(job=(await self._shown([job]))[0])
 
     async def ListJobs(
         self, request: spb.ListJobsRequest, context: Context
@@ -186,7 +186,27 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             page.append(job)
             total += weight
         token = _page_token(page[-1]) if more or len(selected) > len(page) else ""
-        return spb.ListJobsResponse(jobs=[redacted(j) for j in page], next_page_token=token)
+        return spb.ListJobsResponse(jobs=await self._shown(page), next_page_token=token)
+
+    async def _shown(self, jobs: list[pb.Job]) -> list[pb.Job]:
+        """`jobs` as the API shows them: redacted, with `estimated_completion` where known.
+
+        Models come from the replica's mirror (no etcd read per job), else from etcd.
+        """
+        out = [redacted(job) for job in jobs]
+        now = self.clock()
+        mirror = self.mirror
+        for job in out:
+            if job.state not in ACTIVE or not job.allocation.nodes:
+                continue
+            if mirror is not None and mirror.ready:
+                cached = mirror.models.entries.get(self.store.keys.model(job.id))
+            else:
+                cached = await self.store.get_model(job.id)
+            left = seconds_left(job, cached.value if cached is not None else None)
+            if left is not None and left < _LONGEST_ESTIMATE_S:
+                job.estimated_completion.FromNanoseconds(int((now + left) * 1e9))
+        return out
 
     async def _select(
         self, request: spb.ListJobsRequest, after: tuple[int, str] | None, size: int
@@ -436,6 +456,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
 
 
 _GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)
+_LONGEST_ESTIMATE_S = 10 * 365 * 86400.0
+"""Estimates beyond ten years say only "not soon": they are left out rather than shown."""
 
 
 def last_change(job: pb.Job) -> pb.StateTransition | None:
