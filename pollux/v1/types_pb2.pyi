@@ -345,7 +345,7 @@ class BatchConfig(_message.Message):
     def __init__(self, local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., total_batch_size: _Optional[int] = ..., predicted_speedup: _Optional[float] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid")
+    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid", "output_tail")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +354,7 @@ class ReplicaStatus(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     node: str
     rank: int
@@ -362,7 +363,8 @@ class ReplicaStatus(_message.Message):
     exit_code: int
     time: _timestamp_pb2.Timestamp
     pid: int
-    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ...) -> None: ...
+    output_tail: str
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed")

@@ -125,6 +125,8 @@ async def test_a_refused_job_fails_with_what_to_fix_and_nothing_is_created(
         "launcher starts load other code"
     )
     assert (tmp_path / "logs" / "j-etc" / "1-0.log").read_text() == line + "\n"
+    # The status carries the reason too, for the job's history (`describe`).
+    assert status.output_tail == line
     assert not (shared / "checkpoints" / "j-etc").exists()
     assert not Path("/etc/oops").exists()
     # The slot is free again: an acceptable job runs.

@@ -336,6 +336,7 @@ async def test_failed_replica_restarts_then_fails_the_job(replica: Replica, stor
             generation=2,
             phase=pb.REPLICA_PHASE_EXITED,
             exit_code=1,
+            output_tail="Traceback (most recent call last): | ValueError: lr must be > 0",
         )
     )
 
@@ -343,7 +344,11 @@ async def test_failed_replica_restarts_then_fails_the_job(replica: Replica, stor
         return (await current()).state == pb.JOB_STATE_FAILED
 
     await eventually(failed)
-    assert "exited 1" in (await current()).history[-1].reason
+    # Why it failed is in its history, for describe: the replica's last lines.
+    assert (await current()).history[-1].reason == (
+        "replica 0 on n1 exited 1; 2 failures: Traceback (most recent call last): | "
+        "ValueError: lr must be > 0"
+    )
 
 
 async def test_a_job_restarted_by_many_rounds_keeps_its_first_and_latest_history(

@@ -244,3 +244,16 @@ def test_log_batches_bound_message_size() -> None:
     assert [len(b) for b in got] == [2, 2, 2, 2, 2]
     assert list(batches(["y" * 5000], max_bytes=1000)) == [["y" * 5000]]  # a long line alone
     assert list(batches([])) == []
+
+
+def test_a_failed_replicas_output_tail_is_its_last_lines_on_one_bounded_line() -> None:
+    from pollux.launcher.replica import TAIL_CHARS, output_tail
+
+    assert output_tail(["Traceback (most recent call last):", "", "  ValueError: bad lr  "]) == (
+        "Traceback (most recent call last): | ValueError: bad lr"
+    )
+    assert output_tail([]) == ""
+    long = output_tail(["x" * 2000, "the error"])
+    assert len(long) == TAIL_CHARS
+    assert long.startswith("…")
+    assert long.endswith("| the error")

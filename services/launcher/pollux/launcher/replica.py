@@ -283,6 +283,8 @@ class Replica:
             exit_code=self.exit_code or 0,
             pid=self.pid,
         )
+        if self.exit_code not in (None, 0, PLANNED_STOP):
+            status.output_tail = output_tail(self.log.tail(TAIL_LINES)[0])
         status.time.FromNanoseconds(int((self.exited_at or self.started_at) * 1e9))
         return status
 
@@ -544,6 +546,18 @@ class Replica:
                     "container_signal_failed", container=container.name, error=str(error)
                 )
             await asyncio.sleep(_SIGNAL_RETRY_S)
+
+
+TAIL_LINES = 3
+"""Output lines of a failed replica its status carries (the error is usually the last)."""
+TAIL_CHARS = 512
+"""Most characters of that tail: the status stays small, the history reason smaller still."""
+
+
+def output_tail(lines: Sequence[str]) -> str:
+    """The last non-blank `lines` as one line, cut from the front to `TAIL_CHARS`."""
+    text = " | ".join(line.strip() for line in lines if line.strip())
+    return text if len(text) <= TAIL_CHARS else "…" + text[-(TAIL_CHARS - 1) :]
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

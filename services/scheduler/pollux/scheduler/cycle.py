@@ -315,9 +315,10 @@ def _reconcile(
         first = min(failed, key=lambda s: s.rank)
         job.failures += 1
         what = f"replica {first.rank} on {first.node} exited {first.exit_code}"
+        said = f": {first.output_tail}" if first.output_tail else ""
         if job.failures > job.spec.max_failures:
             _release(job, now, plan)
-            transition(job, S.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures")
+            transition(job, S.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures{said}")
         else:
             nodes_again = tuple(allocation.nodes)
             _reallocate(
@@ -325,7 +326,7 @@ def _reconcile(
                 nodes_again,
                 now,
                 round_number,
-                f"{what}; restart {job.failures}/{job.spec.max_failures}",
+                f"{what}; restart {job.failures}/{job.spec.max_failures}{said}",
                 plan,
             )
         return True
