@@ -1,0 +1,150 @@
+"""Predicted completion times: the cluster simulated forward with the policy's own rounds.
+
+A job's time left on its current GPUs (declared remaining work ÷ predicted goodput) ignores
+that other jobs finish and free GPUs, and that the policy then re-allocates. `forecast` plays
+the rounds forward instead, from one `ClusterState`, with the same policy code the scheduler
+runs: each round it asks the policy for allocations, charges every job whose GPUs changed its
+restart pause, advances every job by the goodput its model predicts on its allocation (at the
+batch size it would choose there), and removes the jobs that finish. No future arrivals are
+assumed (none are known), so a busy cluster's predictions are optimistic by the work that
+will arrive meanwhile.
+
+Units: remaining work in M0-steps (`JobInfo.remaining_work`), goodput in M0-equivalent
+samples per second, so a job advances ``goodput / M0`` M0-steps per second.
+
+Jobs explore as they do live: a job may be given up to twice the replicas it has run on
+(Pollux's rule, which `JobInfo.max_replicas` carries), so as the forecast gives it more its
+limit grows, up to its hard cap (`caps`: the spec's max_replicas), the cluster and its batch
+limits. Without that, a job new to the cluster would stay on its first GPU for the whole
+forecast.
+
+Only jobs that declare their size and have a goodput model get a prediction; the others
+still hold and take GPUs in the forecast (the policy treats them as it does live) but never
+finish in it. Plain functions over the policy's dataclasses, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pollux.goodput import best_batch
+from pollux.policy.types import Allocation, ClusterState, JobInfo, Policy
+
+HORIZON_S = 14 * 86400.0
+"""How far ahead a forecast looks: a job not done by then gets no prediction."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """What `forecast` predicted.
+
+    Attributes:
+        completion: Predicted completion time per job (the state's clock, seconds), for the
+            jobs that declare their size, have a model and finish within the horizon.
+        rounds: Rounds simulated.
+    """
+
+    completion: dict[str, float]
+    rounds: int
+
+
+def progress_rate(job: JobInfo, allocation: Allocation) -> float:
+    """M0-steps per second `job` makes on `allocation` (0 without a model or GPUs)."""
+    model = job.model
+    if model is None or not allocation:
+        return 0.0
+    choice = best_batch(model, len(set(allocation)), len(allocation))
+    return float(choice.goodput) / model.init_batch_size
+
+
+def forecast(
+    state: ClusterState,
+    policy: Policy,
+    *,
+    round_s: float,
+    restart_delay_s: float,
+    horizon_s: float = HORIZON_S,
+    max_rounds: int = 10_000,
+    seed: int = 0,
+    caps: Mapping[str, int] | None = None,
+) -> Forecast:
+    """Play the policy's rounds forward from `state` (module docstring).
+
+    Args:
+        state: The cluster now.
+        policy: The policy the scheduler runs.
+        round_s: Seconds between rounds in the forecast (the scheduler's interval, or coarser
+            to bound the cost: a round is one call of the policy).
+        restart_delay_s: Pause charged to a re-allocated job that measured none.
+        horizon_s: Stop looking further ahead than this.
+        max_rounds: Stop after this many rounds whatever the horizon.
+        seed: Seed of the policy's random generator.
+        caps: Most replicas per job whatever it explores (the spec's max_replicas); a job
+            not named is bounded by the cluster and its batch limits only.
+    """
+    if not round_s > 0:
+        raise ValueError(f"round_s must be > 0, got {round_s}")
+    rng = np.random.default_rng(seed)
+    total = sum(node.gpus for node in state.nodes)
+    jobs = list(state.jobs)
+    now, end = state.now, state.now + horizon_s
+    memory: object | None = None
+    completion: dict[str, float] = {}
+    rounds = 0
+    while rounds < max_rounds and now < end and any(_predictable(j) for j in jobs):
+        current = ClusterState(now=now, nodes=state.nodes, jobs=tuple(jobs), tenants=state.tenants)
+        decision = policy.allocate(current, memory, rng)
+        memory = decision.memory
+        rounds += 1
+        left: list[JobInfo] = []
+        for job in jobs:
+            allocation = tuple(decision.allocations.get(job.name, ()))
+            moved = bool(allocation) and Counter(allocation) != Counter(job.allocation)
+            pause = _pause(job, restart_delay_s) if moved else 0.0
+            rate = progress_rate(job, allocation)
+            remaining = job.remaining_work
+            if remaining is not None and rate > 0:
+                run = max(0.0, round_s - pause)
+                if remaining <= rate * run:
+                    completion[job.name] = now + pause + remaining / rate
+                    continue
+                remaining -= rate * run
+            explored = max(job.max_replicas, min(2 * len(allocation), _limit(job, total, caps)))
+            left.append(
+                replace(
+                    job,
+                    allocation=allocation,
+                    max_replicas=explored,
+                    remaining_work=remaining,
+                    restarts=job.restarts + int(moved and bool(job.allocation)),
+                    attained_service=job.attained_service + len(allocation) * round_s,
+                )
+            )
+        jobs = left
+        now += round_s
+    return Forecast(completion=completion, rounds=rounds)
+
+
+def _limit(job: JobInfo, total: int, caps: Mapping[str, int] | None) -> int:
+    """Most replicas exploration may reach: the cap, the cluster, the batch limits."""
+    limit = total
+    if caps is not None and job.name in caps:
+        limit = min(limit, caps[job.name])
+    model = job.model
+    if model is not None:
+        limit = min(limit, model.max_batch_size // max(model.min_atomic_bsz, 1))
+    return max(limit, 1)
+
+
+def _predictable(job: JobInfo) -> bool:
+    return job.remaining_work is not None and job.model is not None
+
+
+def _pause(job: JobInfo, default: float) -> float:
+    pause = job.restart_pause_s
+    return pause if pause is not None and math.isfinite(pause) and pause >= 0 else default
