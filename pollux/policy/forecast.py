@@ -72,6 +72,7 @@ def forecast(
     max_rounds: int = 10_000,
     seed: int = 0,
     caps: Mapping[str, int] | None = None,
+    until: str | None = None,
 ) -> Forecast:
     """Play the policy's rounds forward from `state` (module docstring).
 
@@ -86,6 +87,7 @@ def forecast(
         seed: Seed of the policy's random generator.
         caps: Most replicas per job whatever it explores (the spec's max_replicas); a job
             not named is bounded by the cluster and its batch limits only.
+        until: Stop once this job has completed (the only one the caller asks about).
     """
     if not round_s > 0:
         raise ValueError(f"round_s must be > 0, got {round_s}")
@@ -97,6 +99,8 @@ def forecast(
     completion: dict[str, float] = {}
     rounds = 0
     while rounds < max_rounds and now < end and any(_predictable(j) for j in jobs):
+        if until is not None and until in completion:
+            break
         current = ClusterState(now=now, nodes=state.nodes, jobs=tuple(jobs), tenants=state.tenants)
         decision = policy.allocate(current, memory, rng)
         memory = decision.memory

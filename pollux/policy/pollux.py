@@ -9,6 +9,11 @@ With tenants in the state, a first level splits the GPUs among them (guarantees,
 shares by weight: `tenants.py`) and the greedy search keeps each within its budget; without
 them the round is exactly the single-pool one. NSGA-II does not support tenants. In the
 DEFICITS mode the decision's `memory` is the tenants' `Ledger`, which must be passed back.
+
+With `jct` set (the "jct" mode, `jct.py`), the objective is a weighted proportional fairness
+(p = 0) with heSRPT weights from each job's declared remaining work, and re-allocations are
+discounted over how long they will last; with `jct=None` (the default, "faithful") none of
+that runs and the round is exactly the published one.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import Literal
 import numpy as np
 
 from pollux.policy import greedy, nsga2, tenants
+from pollux.policy import jct as jct_mode
 from pollux.policy.allocation import validate_state
+from pollux.policy.jct import JctParams
 from pollux.policy.problem import PolluxParams, Problem, TenantShares
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
 
-__all__ = ["Optimizer", "PolluxParams", "PolluxPolicy"]
+__all__ = ["JctParams", "Optimizer", "PolluxParams", "PolluxPolicy"]
 
 Optimizer = Literal["greedy", "nsga2"]
 
@@ -35,6 +42,7 @@ class PolluxPolicy:
     params: PolluxParams = field(default_factory=PolluxParams)
     optimizer: Optimizer = "greedy"
     nsga: nsga2.NsgaConfig = field(default_factory=nsga2.NsgaConfig)
+    jct: JctParams | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("greedy", "nsga2"):
@@ -65,19 +73,26 @@ class PolluxPolicy:
                     for job in state.jobs
                 },
             )
-        problem = Problem(state, self.params)
+        params = self.params if self.jct is None else replace(self.params, p=self.jct.p)
+        problem = Problem(state, params)
         if problem.num_jobs == 0:
             return AllocationDecision(allocations={}, explain={})
+        tilt = None if self.jct is None else jct_mode.apply(problem, self.jct).weight
         if self.optimizer == "nsga2":
             previous = memory if isinstance(memory, nsga2.NsgaMemory) else None
             placed, front = nsga2.search(problem, rng, previous, self.nsga)
             return replace(problem.decision(placed), memory=front)
         if state.tenants:
-            return self._with_tenants(problem, memory)
+            return self._with_tenants(problem, memory, tilt)
         return problem.decision(greedy.search(problem))
 
-    def _with_tenants(self, problem: Problem, memory: object | None) -> AllocationDecision:
-        """The round in the configured `TenantShares` mode; DEFICITS carries a `Ledger`."""
+    def _with_tenants(
+        self, problem: Problem, memory: object | None, tilt: jct_mode.FloatArray | None = None
+    ) -> AllocationDecision:
+        """The round in the configured `TenantShares` mode; DEFICITS carries a `Ledger`.
+
+        `tilt`: the jct mode's per-job weights, combined with the tenants' own weighting.
+        """
         shares = self.params.tenant_shares
         if shares is TenantShares.BUDGETS:
             quota = tenants.plan(problem, greedy.count_utilities(problem)[0])
@@ -86,7 +101,9 @@ class PolluxPolicy:
         else:
             ledger = memory if isinstance(memory, tenants.Ledger) else None
             names = tenants.Tenants.of_state(problem.state).names
-            quota = tenants.weigh(problem, tenants.tilts(ledger, names, self.params.p))
+            quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
+        if tilt is not None and shares is not TenantShares.BUDGETS:
+            problem.weight = jct_mode.combine(problem.weight, tilt)  # weigh() replaced ours
         decision = tenants.explained(problem.decision(greedy.search(problem, quota)), quota)
         if shares is TenantShares.DEFICITS:
             decision = replace(decision, memory=tenants.account(ledger, quota, problem, decision))

@@ -105,6 +105,13 @@ class Speedups:
         self._flat[self._offset] = 0.0  # no GPUs: no speed
         self.jobs = [JobSpeedup(self, j) for j in range(self._model.size)]
 
+    @property
+    def base(self) -> FloatArray:
+        """Each job's goodput (without a model: replica count) of speedup 1, read-only."""
+        view = self._base.view()
+        view.flags.writeable = False
+        return view
+
     def table(self, j: int) -> FloatArray:
         """Job j's (max_nodes + 1) × (max_replicas + 1) table, a view of the flat array."""
         start = int(self._offset[j])

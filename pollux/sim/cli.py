@@ -71,7 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("workload", type=Path, help="a workload CSV or a folder of them")
     run.add_argument("--policy", choices=POLICIES, default="pollux")
     run.add_argument(
-        "--mode", choices=MODES, default="faithful", help="faithful: the published configuration"
+        "--mode",
+        choices=MODES,
+        default="faithful",
+        help="faithful: the published configuration; jct (pollux only): weigh jobs by "
+        "their declared remaining work to lower mean JCT",
     )
     run.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
     run.add_argument(

@@ -20,7 +20,7 @@ from typing import Any
 
 from pollux.goodput import SyncModel
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.sim.application import load_published_applications
@@ -29,7 +29,7 @@ from pollux.sim.traces import default_data_root
 from pollux.sim.workload import assign_tenants, load_workload
 
 POLICIES = ("pollux", "optimus", "tiresias")
-MODES = ("faithful",)
+MODES = ("faithful", "jct")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +46,19 @@ def make_policy(name: str, mode: str) -> tuple[Policy, SimConfig]:
 
     "faithful" is the published configuration: Pollux's artifact objective (fair-share speedups,
     p = -1, age-aware restart penalty) and jobs that fit the published linear sync model.
+    "jct" (Pollux only) is that objective with each job's utility weighted by its declared
+    remaining work and a remaining-time-aware restart factor (`pollux.policy.jct`); the
+    simulator settings are the same.
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "jct" and name != "pollux":
+        raise ValueError(f"mode 'jct' is a mode of the pollux policy, not of {name!r}")
     if name == "pollux":
-        return PolluxPolicy(PolluxParams()), SimConfig(sync_model=SyncModel.LINEAR)
+        jct = JctParams() if mode == "jct" else None
+        return PolluxPolicy(PolluxParams(), jct=jct), SimConfig(sync_model=SyncModel.LINEAR)
     if name == "optimus":
         return OptimusPolicy(), SimConfig()
     return TiresiasPolicy(), SimConfig()

@@ -15,6 +15,7 @@ baselines ignore them.
 from __future__ import annotations
 
 import enum
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,13 @@ class SimConfig:
         sync_model: Sync-time shape the jobs' throughput fits use (LINEAR is published).
         max_replicas: Cap on any job's replicas.
         tenants: Tenants with guarantees, weights and caps; () (published): one shared pool.
+        restart_delays: Per-application restart delays, (application, seconds) pairs, that
+            replace `restart_delay` for those applications (measured pauses differ by model:
+            Sia measured 15-250 s); () (published): `restart_delay` for every job. A job that
+            has started once reports its own pause to the policy (`JobInfo.restart_pause_s`).
+        undeclared_fraction: Fraction of jobs (chosen by a CRC-32 of their names, so the
+            same jobs at every load and seed) that declare no remaining work to the policy;
+            0 (default): every job declares it (`JobInfo.remaining_work`).
     """
 
     nodes: int = 16
@@ -82,12 +90,31 @@ class SimConfig:
     sync_model: SyncModel = SyncModel.LINEAR
     max_replicas: int = MAX_REPLICAS
     tenants: tuple[TenantSpec, ...] = ()
+    restart_delays: tuple[tuple[str, float], ...] = ()
+    undeclared_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
             raise ValueError("need nodes ≥ 1 and 1 ≤ gpus_per_node ≤ 4 (traces cover ≤ 4)")
         if self.interval <= 0 or self.restart_delay < 0 or not 0 <= self.interference < 1:
             raise ValueError("need interval > 0, restart_delay ≥ 0, 0 ≤ interference < 1")
+        if any(not delay >= 0 for _, delay in self.restart_delays):
+            raise ValueError("need every per-application restart delay ≥ 0")
+        if not 0 <= self.undeclared_fraction <= 1:
+            raise ValueError("need 0 ≤ undeclared_fraction ≤ 1")
+
+    def delay_of(self, application: str) -> float:
+        """Restart delay of a job of `application` (seconds)."""
+        for name, delay in self.restart_delays:
+            if name == application:
+                return float(delay)
+        return self.restart_delay
+
+    def declares(self, name: str) -> bool:
+        """Whether the job called `name` declares its remaining work."""
+        if self.undeclared_fraction <= 0:
+            return True
+        return zlib.crc32(name.encode()) / 2**32 >= self.undeclared_fraction
 
 
 @dataclass(slots=True)
@@ -285,8 +312,23 @@ class SimJob:
     # -- policy view --------------------------------------------------------------------------
 
     def info(self, now: float, node_names: Sequence[str], config: SimConfig) -> JobInfo:
-        """How the policy sees this job at time `now`."""
+        """How the policy sees this job at time `now`.
+
+        Its declared remaining work is the progress target less its progress (M0-steps,
+        `Application.progress`), unless `config` makes it one that declares nothing; its
+        restart pause is reported once it has paid one (started), with per-model delays only.
+        """
         oracle = self._oracle(config) if self.mode is JobMode.FIXED_BATCH else None
+        remaining = (
+            max(self.app.final_progress - self.progress, 0.0)
+            if config.declares(self.name)
+            else None
+        )
+        pause = (
+            config.delay_of(self.app.name)
+            if config.restart_delays and self.restarts is not None
+            else None
+        )
         return JobInfo(
             name=self.name,
             submission_time=self.spec.submission_time,
@@ -299,6 +341,8 @@ class SimJob:
             target_batch_size=self.target_batch,
             oracle=oracle,
             tenant=self.spec.tenant,
+            remaining_work=remaining,
+            restart_pause_s=pause,
         )
 
     def _oracle(self, config: SimConfig) -> OracleInfo:
@@ -346,11 +390,15 @@ class SimResult:
         jcts: Job completion time (completion − submission, seconds) per job.
         makespan: Time at which the last job completed.
         rounds: Number of scheduling rounds run.
+        restarts: Re-allocations per job (the first allocation is not one).
+        gpu_seconds: GPU-seconds each job held (restart pauses included).
     """
 
     jcts: dict[str, float]
     makespan: float
     rounds: int
+    restarts: dict[str, int] = field(default_factory=dict)
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def average_jct(self) -> float:
@@ -415,14 +463,20 @@ def simulate(
             for job in active:
                 new = tuple(sorted(index[n] for n in decision.allocations.get(job.name, ())))
                 if new != job.allocation:
-                    job.reallocate(new, config.restart_delay)
+                    job.reallocate(new, config.delay_of(job.app.name))
         rounds += 1
         if on_round is not None:
             on_round(_round_record(now, config, jobs))
     done = {j.name: (j.spec.submission_time, j.completion_time or 0.0) for j in jobs}
     jcts = {name: end - start for name, (start, end) in done.items()}
     makespan = max(end for _, end in done.values())
-    return SimResult(jcts=jcts, makespan=float(makespan), rounds=rounds)
+    return SimResult(
+        jcts=jcts,
+        makespan=float(makespan),
+        rounds=rounds,
+        restarts={j.name: j.restarts or 0 for j in jobs},
+        gpu_seconds={j.name: j.attained_service for j in jobs},
+    )
 
 
 def _interference(jobs: Sequence[SimJob], slowdown: float) -> dict[str, float]:

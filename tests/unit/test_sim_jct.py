@@ -1,0 +1,127 @@
+"""The simulator's side of the jct mode: declared sizes, per-model restart delays, the mode."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pollux.goodput import SyncModel
+from pollux.policy.pollux import JctParams, PolluxPolicy
+from pollux.sim.application import load_published_applications
+from pollux.sim.runner import MODES, make_policy, spec_for
+from pollux.sim.simulator import JobMode, SimConfig, SimJob, simulate
+from pollux.sim.traces import default_data_root
+from pollux.sim.workload import WorkloadJob
+
+APPS = load_published_applications(default_data_root() / "traces")
+SMALL = SimConfig(nodes=2, gpus_per_node=4, sync_model=SyncModel.LINEAR)
+WORKLOAD = [
+    WorkloadJob("ncf-0", 0, "ncf", 1, 32768),
+    WorkloadJob("cifar10-1", 30, "cifar10", 6, 2048),
+    WorkloadJob("ncf-2", 90, "ncf", 1, 32768),
+    WorkloadJob("bert-3", 200, "bert", 6, 384),
+    WorkloadJob("cifar10-4", 400, "cifar10", 8, 2048),
+]
+NAMES = ["n0", "n1"]
+
+
+def sim_job(app: str = "cifar10", name: str = "cifar10-0") -> SimJob:
+    spec = WorkloadJob(name, 0.0, app, 1, 128)
+    return SimJob.create(spec, APPS[app], JobMode.ADAPTIVE, SyncModel.LINEAR)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"restart_delays": (("ncf", -1.0),)}, "restart delay"),
+        ({"undeclared_fraction": 1.5}, "undeclared_fraction"),
+        ({"undeclared_fraction": -0.1}, "undeclared_fraction"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SimConfig(**kwargs)
+
+
+def test_per_application_delays_replace_the_flat_one():
+    config = SimConfig(restart_delay=30.0, restart_delays=(("ncf", 15.0), ("imagenet", 250.0)))
+    assert config.delay_of("ncf") == 15.0
+    assert config.delay_of("imagenet") == 250.0
+    assert config.delay_of("cifar10") == 30.0
+
+
+def test_the_undeclared_fraction_picks_jobs_by_name_only():
+    names = [f"job-{i}" for i in range(2000)]
+    assert all(SimConfig().declares(n) for n in names)
+    assert not any(SimConfig(undeclared_fraction=1.0).declares(n) for n in names)
+    third = SimConfig(undeclared_fraction=0.3)
+    silent = [n for n in names if not third.declares(n)]
+    assert len(silent) / len(names) == pytest.approx(0.3, abs=0.05)
+    # The same jobs at any other setting of the rest (load, seed …).
+    assert silent == [n for n in names if not replace(third, seed=7).declares(n)]
+
+
+def test_remaining_work_is_the_target_less_the_progress_in_m0_steps():
+    job = sim_job()
+    job.progress = 1000.0
+    info = job.info(0.0, NAMES, SMALL)
+    assert info.remaining_work == pytest.approx(APPS["cifar10"].final_progress - 1000.0)
+    job.progress = APPS["cifar10"].final_progress + 5.0
+    assert job.info(0.0, NAMES, SMALL).remaining_work == 0.0
+    assert job.info(0.0, NAMES, replace(SMALL, undeclared_fraction=1.0)).remaining_work is None
+
+
+def test_the_pause_is_reported_once_paid_and_only_with_per_model_delays():
+    config = replace(SMALL, restart_delays=(("cifar10", 90.0),))
+    job = sim_job()
+    assert job.info(0.0, NAMES, config).restart_pause_s is None, "not started: not measured"
+    job.reallocate((0, 0), config.delay_of("cifar10"))
+    assert job.rescale_time == 90.0
+    assert job.info(0.0, NAMES, config).restart_pause_s == 90.0
+    assert job.info(0.0, NAMES, SMALL).restart_pause_s is None, "flat delay: the policy's own"
+
+
+def test_a_per_model_delay_is_what_the_job_pays():
+    one = [WorkloadJob("ncf-0", 0, "ncf", 1, 32768)]
+    policy = PolluxPolicy()
+    slow = simulate(one, APPS, policy, SMALL).jcts["ncf-0"]
+    fast = simulate(one, APPS, policy, replace(SMALL, restart_delays=(("ncf", 0.0),)))
+    assert slow - fast.jcts["ncf-0"] == pytest.approx(30.0, abs=1.0)
+
+
+def test_results_carry_restarts_and_gpu_seconds():
+    result = simulate(WORKLOAD, APPS, PolluxPolicy(), SMALL)
+    assert set(result.restarts) == set(result.gpu_seconds) == set(result.jcts)
+    assert all(r >= 0 for r in result.restarts.values())
+    assert result.restarts["ncf-0"] == 0, "ncf runs on one GPU from start to end"
+    # A one-GPU job holds its GPU from its first round to its completion.
+    assert result.gpu_seconds["ncf-0"] == pytest.approx(result.jcts["ncf-0"], abs=60.0)
+
+
+def test_faithful_pollux_ignores_what_jobs_declare():
+    declared = simulate(WORKLOAD, APPS, PolluxPolicy(), SMALL)
+    silent = simulate(WORKLOAD, APPS, PolluxPolicy(), replace(SMALL, undeclared_fraction=1.0))
+    assert declared.jcts == silent.jcts
+    assert declared.restarts == silent.restarts
+
+
+@pytest.mark.parametrize("undeclared", [0.0, 0.5, 1.0])
+def test_the_jct_mode_completes_every_job(undeclared):
+    config = replace(SMALL, undeclared_fraction=undeclared)
+    result = simulate(WORKLOAD, APPS, PolluxPolicy(jct=JctParams()), config)
+    assert set(result.jcts) == {j.name for j in WORKLOAD}
+    assert all(np.isfinite(v) and v > 0 for v in result.jcts.values())
+
+
+def test_the_runner_offers_the_jct_mode_for_pollux_only():
+    assert MODES == ("faithful", "jct")
+    policy, config = make_policy("pollux", "jct")
+    assert isinstance(policy, PolluxPolicy)
+    assert policy.jct == JctParams()
+    assert config == make_policy("pollux", "faithful")[1], "same simulator settings"
+    faithful, _ = make_policy("pollux", "faithful")
+    assert isinstance(faithful, PolluxPolicy)
+    assert faithful.jct is None
+    with pytest.raises(ValueError, match="pollux"):
+        make_policy("optimus", "jct")
+    assert spec_for("pollux", "jct", interval=120.0).config.interval == 120.0
