@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from pollux.v1 import launcher_service_pb2 as pollux_dot_v1_dot_launcher__service__pb2
 from pollux.v1 import types_pb2 as pollux_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pollux/v1/scheduler_service.proto\x12\tpollux.v1\x1a pollux/v1/launcher_service.proto\x1a\x15pollux/v1/types.proto\"H\n\x10SubmitJobRequest\x12 \n\x04spec\x18\x01 \x01(\x0b\x32\x12.pollux.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"A\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0eGetJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\"\xd9\x01\n\x0fListJobsRequest\x12#\n\x06states\x18\x01 \x03(\x0e\x32\x13.pollux.v1.JobState\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.pollux.v1.ListJobsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.pollux.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"\"\n\x10WatchJobsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"A\n\x11WatchJobsResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x08\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb5\x03\n\x0f\x45xplainResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x16.pollux.v1.JobDecision\x12\"\n\x05round\x18\x03 \x01(\x0b\x32\x13.pollux.v1.Decision\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.pollux.v1.JobModel\x12%\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x16.pollux.v1.BatchConfig\x12/\n\x0blast_change\x18\x06 \x01(\x0b\x32\x1a.pollux.v1.StateTransition\x12\x33\n\x0c\x61lternatives\x18\x07 \x03(\x0b\x32\x1d.pollux.v1.ExplainAlternative\x12)\n\x07holders\x18\x08 \x03(\x0b\x32\x18.pollux.v1.ExplainHolder\x12-\n\x0c\x62\x61tch_choice\x18\t \x01(\x0b\x32\x17.pollux.v1.ExplainBatch\x12\x16\n\x0equeue_position\x18\n \x01(\r\x12\x14\n\x0cpending_jobs\x18\x0b \x01(\r\"S\n\x12\x45xplainAlternative\x12\x0c\n\x04gpus\x18\x01 \x01(\r\x12\r\n\x05nodes\x18\x02 \x01(\r\x12\x0f\n\x07speedup\x18\x03 \x01(\x01\x12\x0f\n\x07goodput\x18\x04 \x01(\x01\"[\n\rExplainHolder\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x0f\n\x07speedup\x18\x03 \x01(\x01\x12\x1b\n\x13speedup_without_one\x18\x04 \x01(\x01\"\x8a\x01\n\x0c\x45xplainBatch\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x18\n\x10local_batch_size\x18\x02 \x01(\r\x12\x13\n\x0b\x61\x63\x63um_steps\x18\x03 \x01(\r\x12\x12\n\nthroughput\x18\x04 \x01(\x01\x12\x12\n\nefficiency\x18\x05 \x01(\x01\x12\x0f\n\x07goodput\x18\x06 \x01(\x01\"\x16\n\x14\x43lusterStatusRequest\"Q\n\nNodeStatus\x12\x1d\n\x04node\x18\x01 \x01(\x0b\x32\x0f.pollux.v1.Node\x12\x16\n\x0e\x61llocated_gpus\x18\x02 \x01(\r\x12\x0c\n\x04jobs\x18\x03 \x03(\t\"\xf0\x02\n\x15\x43lusterStatusResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.pollux.v1.NodeStatus\x12!\n\x06\x61gents\x18\x02 \x03(\x0b\x32\x11.pollux.v1.Member\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x12\n\ntotal_gpus\x18\x05 \x01(\r\x12\x16\n\x0e\x61llocated_gpus\x18\x06 \x01(\r\x12H\n\rjobs_by_state\x18\x07 \x03(\x0b\x32\x31.pollux.v1.ClusterStatusResponse.JobsByStateEntry\x12\x12\n\nlast_round\x18\x08 \x01(\x04\x12\x13\n\x0b\x61nswered_by\x18\t \x01(\t\x12\x10\n\x08warnings\x18\n \x03(\t\x1a\x32\n\x10JobsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\x9b\x05\n\x10SchedulerService\x12\x46\n\tSubmitJob\x12\x1b.pollux.v1.SubmitJobRequest\x1a\x1c.pollux.v1.SubmitJobResponse\x12=\n\x06GetJob\x12\x18.pollux.v1.GetJobRequest\x1a\x19.pollux.v1.GetJobResponse\x12\x43\n\x08ListJobs\x12\x1a.pollux.v1.ListJobsRequest\x1a\x1b.pollux.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\x1b.pollux.v1.CancelJobRequest\x1a\x1c.pollux.v1.CancelJobResponse\x12\x46\n\tDeleteJob\x12\x1b.pollux.v1.DeleteJobRequest\x1a\x1c.pollux.v1.DeleteJobResponse\x12H\n\tWatchJobs\x12\x1b.pollux.v1.WatchJobsRequest\x1a\x1c.pollux.v1.WatchJobsResponse0\x01\x12@\n\x07\x45xplain\x12\x19.pollux.v1.ExplainRequest\x1a\x1a.pollux.v1.ExplainResponse\x12R\n\rClusterStatus\x12\x1f.pollux.v1.ClusterStatusRequest\x1a .pollux.v1.ClusterStatusResponse\x12K\n\nStreamLogs\x12\x1c.pollux.v1.StreamLogsRequest\x1a\x1d.pollux.v1.StreamLogsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pollux/v1/scheduler_service.proto\x12\tpollux.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a pollux/v1/launcher_service.proto\x1a\x15pollux/v1/types.proto\"H\n\x10SubmitJobRequest\x12 \n\x04spec\x18\x01 \x01(\x0b\x32\x12.pollux.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"A\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0eGetJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\"\xd9\x01\n\x0fListJobsRequest\x12#\n\x06states\x18\x01 \x03(\x0e\x32\x13.pollux.v1.JobState\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.pollux.v1.ListJobsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.pollux.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"\"\n\x10WatchJobsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"A\n\x11WatchJobsResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x08\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb5\x03\n\x0f\x45xplainResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.pollux.v1.Job\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x16.pollux.v1.JobDecision\x12\"\n\x05round\x18\x03 \x01(\x0b\x32\x13.pollux.v1.Decision\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.pollux.v1.JobModel\x12%\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x16.pollux.v1.BatchConfig\x12/\n\x0blast_change\x18\x06 \x01(\x0b\x32\x1a.pollux.v1.StateTransition\x12\x33\n\x0c\x61lternatives\x18\x07 \x03(\x0b\x32\x1d.pollux.v1.ExplainAlternative\x12)\n\x07holders\x18\x08 \x03(\x0b\x32\x18.pollux.v1.ExplainHolder\x12-\n\x0c\x62\x61tch_choice\x18\t \x01(\x0b\x32\x17.pollux.v1.ExplainBatch\x12\x16\n\x0equeue_position\x18\n \x01(\r\x12\x14\n\x0cpending_jobs\x18\x0b \x01(\r\"6\n\x12\x45stimateJobRequest\x12 \n\x04spec\x18\x01 \x01(\x0b\x32\x12.pollux.v1.JobSpec\"\xa0\x01\n\x13\x45stimateJobResponse\x12\x17\n\x0fpredicted_jct_s\x18\x01 \x01(\x01\x12\x38\n\x14predicted_completion\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10reference_job_id\x18\x03 \x01(\t\x12\x0c\n\x04work\x18\x04 \x01(\x01\x12\x0e\n\x06rounds\x18\x05 \x01(\r\"S\n\x12\x45xplainAlternative\x12\x0c\n\x04gpus\x18\x01 \x01(\r\x12\r\n\x05nodes\x18\x02 \x01(\r\x12\x0f\n\x07speedup\x18\x03 \x01(\x01\x12\x0f\n\x07goodput\x18\x04 \x01(\x01\"[\n\rExplainHolder\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x0f\n\x07speedup\x18\x03 \x01(\x01\x12\x1b\n\x13speedup_without_one\x18\x04 \x01(\x01\"\x8a\x01\n\x0c\x45xplainBatch\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x18\n\x10local_batch_size\x18\x02 \x01(\r\x12\x13\n\x0b\x61\x63\x63um_steps\x18\x03 \x01(\r\x12\x12\n\nthroughput\x18\x04 \x01(\x01\x12\x12\n\nefficiency\x18\x05 \x01(\x01\x12\x0f\n\x07goodput\x18\x06 \x01(\x01\"\x16\n\x14\x43lusterStatusRequest\"Q\n\nNodeStatus\x12\x1d\n\x04node\x18\x01 \x01(\x0b\x32\x0f.pollux.v1.Node\x12\x16\n\x0e\x61llocated_gpus\x18\x02 \x01(\r\x12\x0c\n\x04jobs\x18\x03 \x03(\t\"\xf0\x02\n\x15\x43lusterStatusResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.pollux.v1.NodeStatus\x12!\n\x06\x61gents\x18\x02 \x03(\x0b\x32\x11.pollux.v1.Member\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x12\n\ntotal_gpus\x18\x05 \x01(\r\x12\x16\n\x0e\x61llocated_gpus\x18\x06 \x01(\r\x12H\n\rjobs_by_state\x18\x07 \x03(\x0b\x32\x31.pollux.v1.ClusterStatusResponse.JobsByStateEntry\x12\x12\n\nlast_round\x18\x08 \x01(\x04\x12\x13\n\x0b\x61nswered_by\x18\t \x01(\t\x12\x10\n\x08warnings\x18\n \x03(\t\x1a\x32\n\x10JobsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xe9\x05\n\x10SchedulerService\x12\x46\n\tSubmitJob\x12\x1b.pollux.v1.SubmitJobRequest\x1a\x1c.pollux.v1.SubmitJobResponse\x12=\n\x06GetJob\x12\x18.pollux.v1.GetJobRequest\x1a\x19.pollux.v1.GetJobResponse\x12\x43\n\x08ListJobs\x12\x1a.pollux.v1.ListJobsRequest\x1a\x1b.pollux.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\x1b.pollux.v1.CancelJobRequest\x1a\x1c.pollux.v1.CancelJobResponse\x12\x46\n\tDeleteJob\x12\x1b.pollux.v1.DeleteJobRequest\x1a\x1c.pollux.v1.DeleteJobResponse\x12H\n\tWatchJobs\x12\x1b.pollux.v1.WatchJobsRequest\x1a\x1c.pollux.v1.WatchJobsResponse0\x01\x12@\n\x07\x45xplain\x12\x19.pollux.v1.ExplainRequest\x1a\x1a.pollux.v1.ExplainResponse\x12L\n\x0b\x45stimateJob\x12\x1d.pollux.v1.EstimateJobRequest\x1a\x1e.pollux.v1.EstimateJobResponse\x12R\n\rClusterStatus\x12\x1f.pollux.v1.ClusterStatusRequest\x1a .pollux.v1.ClusterStatusResponse\x12K\n\nStreamLogs\x12\x1c.pollux.v1.StreamLogsRequest\x1a\x1d.pollux.v1.StreamLogsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,50 +38,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._loaded_options = None
   _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._serialized_options = b'8\001'
-  _globals['_SUBMITJOBREQUEST']._serialized_start=105
-  _globals['_SUBMITJOBREQUEST']._serialized_end=177
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=179
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=244
-  _globals['_GETJOBREQUEST']._serialized_start=246
-  _globals['_GETJOBREQUEST']._serialized_end=277
-  _globals['_GETJOBRESPONSE']._serialized_start=279
-  _globals['_GETJOBRESPONSE']._serialized_end=324
-  _globals['_LISTJOBSREQUEST']._serialized_start=327
-  _globals['_LISTJOBSREQUEST']._serialized_end=544
-  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_start=499
-  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_end=544
-  _globals['_LISTJOBSRESPONSE']._serialized_start=546
-  _globals['_LISTJOBSRESPONSE']._serialized_end=619
-  _globals['_CANCELJOBREQUEST']._serialized_start=621
-  _globals['_CANCELJOBREQUEST']._serialized_end=671
-  _globals['_CANCELJOBRESPONSE']._serialized_start=673
-  _globals['_CANCELJOBRESPONSE']._serialized_end=721
-  _globals['_DELETEJOBREQUEST']._serialized_start=723
-  _globals['_DELETEJOBREQUEST']._serialized_end=757
-  _globals['_DELETEJOBRESPONSE']._serialized_start=759
-  _globals['_DELETEJOBRESPONSE']._serialized_end=778
-  _globals['_WATCHJOBSREQUEST']._serialized_start=780
-  _globals['_WATCHJOBSREQUEST']._serialized_end=814
-  _globals['_WATCHJOBSRESPONSE']._serialized_start=816
-  _globals['_WATCHJOBSRESPONSE']._serialized_end=881
-  _globals['_EXPLAINREQUEST']._serialized_start=883
-  _globals['_EXPLAINREQUEST']._serialized_end=915
-  _globals['_EXPLAINRESPONSE']._serialized_start=918
-  _globals['_EXPLAINRESPONSE']._serialized_end=1355
-  _globals['_EXPLAINALTERNATIVE']._serialized_start=1357
-  _globals['_EXPLAINALTERNATIVE']._serialized_end=1440
-  _globals['_EXPLAINHOLDER']._serialized_start=1442
-  _globals['_EXPLAINHOLDER']._serialized_end=1533
-  _globals['_EXPLAINBATCH']._serialized_start=1536
-  _globals['_EXPLAINBATCH']._serialized_end=1674
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1676
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1698
-  _globals['_NODESTATUS']._serialized_start=1700
-  _globals['_NODESTATUS']._serialized_end=1781
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1784
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=2152
-  _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._serialized_start=2102
-  _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._serialized_end=2152
-  _globals['_SCHEDULERSERVICE']._serialized_start=2155
-  _globals['_SCHEDULERSERVICE']._serialized_end=2822
+  _globals['_SUBMITJOBREQUEST']._serialized_start=138
+  _globals['_SUBMITJOBREQUEST']._serialized_end=210
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=212
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=277
+  _globals['_GETJOBREQUEST']._serialized_start=279
+  _globals['_GETJOBREQUEST']._serialized_end=310
+  _globals['_GETJOBRESPONSE']._serialized_start=312
+  _globals['_GETJOBRESPONSE']._serialized_end=357
+  _globals['_LISTJOBSREQUEST']._serialized_start=360
+  _globals['_LISTJOBSREQUEST']._serialized_end=577
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_start=532
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_end=577
+  _globals['_LISTJOBSRESPONSE']._serialized_start=579
+  _globals['_LISTJOBSRESPONSE']._serialized_end=652
+  _globals['_CANCELJOBREQUEST']._serialized_start=654
+  _globals['_CANCELJOBREQUEST']._serialized_end=704
+  _globals['_CANCELJOBRESPONSE']._serialized_start=706
+  _globals['_CANCELJOBRESPONSE']._serialized_end=754
+  _globals['_DELETEJOBREQUEST']._serialized_start=756
+  _globals['_DELETEJOBREQUEST']._serialized_end=790
+  _globals['_DELETEJOBRESPONSE']._serialized_start=792
+  _globals['_DELETEJOBRESPONSE']._serialized_end=811
+  _globals['_WATCHJOBSREQUEST']._serialized_start=813
+  _globals['_WATCHJOBSREQUEST']._serialized_end=847
+  _globals['_WATCHJOBSRESPONSE']._serialized_start=849
+  _globals['_WATCHJOBSRESPONSE']._serialized_end=914
+  _globals['_EXPLAINREQUEST']._serialized_start=916
+  _globals['_EXPLAINREQUEST']._serialized_end=948
+  _globals['_EXPLAINRESPONSE']._serialized_start=951
+  _globals['_EXPLAINRESPONSE']._serialized_end=1388
+  _globals['_ESTIMATEJOBREQUEST']._serialized_start=1390
+  _globals['_ESTIMATEJOBREQUEST']._serialized_end=1444
+  _globals['_ESTIMATEJOBRESPONSE']._serialized_start=1447
+  _globals['_ESTIMATEJOBRESPONSE']._serialized_end=1607
+  _globals['_EXPLAINALTERNATIVE']._serialized_start=1609
+  _globals['_EXPLAINALTERNATIVE']._serialized_end=1692
+  _globals['_EXPLAINHOLDER']._serialized_start=1694
+  _globals['_EXPLAINHOLDER']._serialized_end=1785
+  _globals['_EXPLAINBATCH']._serialized_start=1788
+  _globals['_EXPLAINBATCH']._serialized_end=1926
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1928
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1950
+  _globals['_NODESTATUS']._serialized_start=1952
+  _globals['_NODESTATUS']._serialized_end=2033
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=2036
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=2404
+  _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._serialized_start=2354
+  _globals['_CLUSTERSTATUSRESPONSE_JOBSBYSTATEENTRY']._serialized_end=2404
+  _globals['_SCHEDULERSERVICE']._serialized_start=2407
+  _globals['_SCHEDULERSERVICE']._serialized_end=3152
 # @@protoc_insertion_point(module_scope)

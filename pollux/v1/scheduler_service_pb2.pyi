@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from pollux.v1 import launcher_service_pb2 as _launcher_service_pb2
 from pollux.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
@@ -134,6 +137,26 @@ class ExplainResponse(_message.Message):
     queue_position: int
     pending_jobs: int
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ...) -> None: ...
+
+class EstimateJobRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class EstimateJobResponse(_message.Message):
+    __slots__ = ("predicted_jct_s", "predicted_completion", "reference_job_id", "work", "rounds")
+    PREDICTED_JCT_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    predicted_jct_s: float
+    predicted_completion: _timestamp_pb2.Timestamp
+    reference_job_id: str
+    work: float
+    rounds: int
+    def __init__(self, predicted_jct_s: _Optional[float] = ..., predicted_completion: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reference_job_id: _Optional[str] = ..., work: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class ExplainAlternative(_message.Message):
     __slots__ = ("gpus", "nodes", "speedup", "goodput")

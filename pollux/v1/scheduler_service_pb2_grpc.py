@@ -71,6 +71,11 @@ class SchedulerServiceStub:
                 request_serializer=pollux_dot_v1_dot_scheduler__service__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.EstimateJob = channel.unary_unary(
+                '/pollux.v1.SchedulerService/EstimateJob',
+                request_serializer=pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobRequest.SerializeToString,
+                response_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobResponse.FromString,
+                _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/pollux.v1.SchedulerService/ClusterStatus',
                 request_serializer=pollux_dot_v1_dot_scheduler__service__pb2.ClusterStatusRequest.SerializeToString,
@@ -145,6 +150,18 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EstimateJob(self, request, context):
+        """EstimateJob predicts when a job would complete if it were submitted now, without
+        submitting it: the cluster is forecast forward with the policy the scheduler runs, the
+        job borrowing the goodput model and the size (progress + declared remaining work) of the
+        caller's newest earlier job of the same name that reported them (a re-run). No future
+        arrivals are assumed. Errors: INVALID_ARGUMENT (the spec), FAILED_PRECONDITION (no such
+        earlier job, or the forecast did not finish it within its horizon). Safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClusterStatus(self, request, context):
         """ClusterStatus reports nodes, GPUs, allocations, agents and the current leader.
         Safe to retry.
@@ -200,6 +217,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.ExplainRequest.FromString,
                     response_serializer=pollux_dot_v1_dot_scheduler__service__pb2.ExplainResponse.SerializeToString,
+            ),
+            'EstimateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.EstimateJob,
+                    request_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobRequest.FromString,
+                    response_serializer=pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobResponse.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
@@ -402,6 +424,33 @@ class SchedulerService:
             '/pollux.v1.SchedulerService/Explain',
             pollux_dot_v1_dot_scheduler__service__pb2.ExplainRequest.SerializeToString,
             pollux_dot_v1_dot_scheduler__service__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EstimateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pollux.v1.SchedulerService/EstimateJob',
+            pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobRequest.SerializeToString,
+            pollux_dot_v1_dot_scheduler__service__pb2.EstimateJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -287,6 +287,7 @@ SEEDS: dict[str, Message] = {
     "DeleteJob": spb.DeleteJobRequest(job_id="j-done"),
     "WatchJobs": spb.WatchJobsRequest(job_id="j-fuzz"),
     "Explain": spb.ExplainRequest(job_id="j-fuzz"),
+    "EstimateJob": spb.EstimateJobRequest(spec=_seed_spec()),
     "ClusterStatus": spb.ClusterStatusRequest(),
     "StreamLogs": lpb.StreamLogsRequest(job_id="j-fuzz", rank=0, follow=True, tail_lines=10),
     "WhoAmI": apb.WhoAmIRequest(),

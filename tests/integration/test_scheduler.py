@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
+from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.leader import Election, current_leader
@@ -45,12 +46,14 @@ def spec(name: str = "train", **batch: int) -> pb.JobSpec:
     )
 
 
-def config(etcd: EtcdServer, root: str, name: str, policy: str = "pollux") -> SchedulerConfig:
+def config(
+    etcd: EtcdServer, root: str, name: str, policy: str = "pollux", mode: str = "faithful"
+) -> SchedulerConfig:
     return SchedulerConfig(
         id=name,
         lease_ttl_s=2,
         etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
-        scheduling=SchedulingConfig(policy=policy, interval_s=0.5, debounce_s=0.05),
+        scheduling=SchedulingConfig(policy=policy, mode=mode, interval_s=0.5, debounce_s=0.05),
     )
 
 
@@ -271,6 +274,79 @@ async def test_a_job_that_declares_its_size_gets_an_estimated_completion(
     stored = await store.get_job(job.id)
     assert stored is not None
     assert not stored.value.HasField("estimated_completion")  # computed at read, not stored
+
+    # The replica's forecast (the cluster played forward with the policy) refines it.
+    forecaster = replica.app.forecaster
+    forecaster.interval_s = 0.2
+    await forecaster.stop()
+    forecaster.start()
+    await eventually(lambda: job.id in forecaster.completion)
+    await forecaster.stop()  # no newer forecast between the read and the comparison
+    got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
+    assert got.estimated_completion.ToNanoseconds() == int(forecaster.completion[job.id] * 1e9)
+
+
+async def test_an_estimate_borrows_the_newest_earlier_run_of_the_same_name(
+    replica: Replica, store: Store
+) -> None:
+    await add_node(store, "n1", 4)
+    request = spb.EstimateJobRequest(spec=spec("resnet"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.EstimateJob(request)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "run it once" in str(caught.value.details())
+    submitted = spb.SubmitJobRequest(spec=spec("resnet"), request_id="est-1")
+    earlier = (await replica.stub.SubmitJob(submitted)).job
+    perf = pb.ThroughputParams(
+        alpha_c=0.02, beta_c=0.0007, alpha_n=0.15, beta_n=0.01, alpha_r=0.03, beta_r=0.004,
+        gamma=2.0,
+    )  # fmt: skip
+    model = pb.JobModel(
+        job_id=earlier.id, throughput=perf, work=pb.WorkStatus(progress=300.0, remaining=200.0)
+    )
+    await store.put(store.keys.model(earlier.id), model)
+    found = await replica.stub.EstimateJob(request)
+    assert found.reference_job_id == earlier.id
+    assert found.work == 500.0  # the earlier run's progress + remaining work
+    assert found.predicted_jct_s > 0
+    assert found.rounds >= 1
+    bad = await _status_of(replica.stub.EstimateJob(spb.EstimateJobRequest()))
+    assert bad == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def _status_of(call: Any) -> grpc.StatusCode:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+async def test_the_jct_mode_schedules_live_with_declared_sizes(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    r = await Replica(store, config(etcd, root, "s-jct", mode="jct")).start()
+    try:
+        assert isinstance(r.scheduler.policy, PolluxPolicy)
+        assert r.scheduler.policy.jct is not None
+        await add_node(store, "n1", 4)
+        ids = []
+        for i, work in enumerate((50.0, 5000.0)):
+            submitted = spb.SubmitJobRequest(spec=spec(f"job-{i}"), request_id=f"jct-{i}")
+            job = (await r.stub.SubmitJob(submitted)).job
+            model = pb.JobModel(job_id=job.id, work=pb.WorkStatus(progress=0, remaining=work))
+            await store.put(store.keys.model(job.id), model)
+            ids.append(job.id)
+
+        async def both_allocated() -> bool:
+            jobs = [(await r.stub.GetJob(spb.GetJobRequest(job_id=i))).job for i in ids]
+            return all(len(j.allocation.nodes) >= 1 for j in jobs)
+
+        await eventually(both_allocated)
+        explain = await r.stub.Explain(spb.ExplainRequest(job_id=ids[0]))
+        assert explain.round.policy == "pollux"
+    finally:
+        await r.stop()
 
 
 async def test_replica_reports_drive_running_and_success(replica: Replica, store: Store) -> None:

@@ -20,6 +20,7 @@ from pollux.client.types import (
     Holder,
     Job,
     JobDecision,
+    JobEstimate,
     JobSpec,
     Member,
     ModelSummary,
@@ -351,3 +352,12 @@ def test_a_job_with_an_estimate_shows_it_in_ls_and_describe():
     )
     late = dataclasses.replace(job, estimated_completion=NOW - timedelta(minutes=1))
     assert fmt.jobs_table([late], NOW).splitlines()[1].split()[-1] == "due"
+
+
+def test_an_estimate_says_when_and_what_it_assumed():
+    found = JobEstimate(4000.0, T0, "j-earlier", 1234.5, 17)
+    text = fmt.estimate_text(found, NOW)
+    assert "Predicted JCT:  1h06m (if submitted now)" in text
+    assert "Completion:     2024-05-01 12:00:00Z" in text
+    assert "size (1234.5 M0-steps) of j-earlier, no further arrivals" in text
+    assert "Forecast:       17 rounds of the policy" in text

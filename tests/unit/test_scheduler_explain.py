@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,8 +11,10 @@ from hypothesis import strategies as st
 
 from pollux.agent.profile import perf_to_pb
 from pollux.goodput import best_batch
+from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.problem import PolluxParams, Problem
 from pollux.scheduler.cycle import declared_work, goodput_model, seconds_left
+from pollux.scheduler.estimate import estimate, reference_work
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
@@ -159,3 +163,32 @@ def test_the_time_left_is_declared_work_over_the_predicted_goodput_of_the_alloca
     assert seconds_left(job, undeclared) is None
     assert seconds_left(job, pb.JobModel(work=pb.WorkStatus(remaining=5.0))) is None
     assert seconds_left(job, None) is None
+
+
+def test_an_earlier_runs_size_is_its_progress_and_declared_remaining_work() -> None:
+    perf = perf_to_pb(policy_model().perf)
+    assert reference_work(pb.JobModel(throughput=perf)) is None  # no work status
+    undeclared = pb.JobModel(throughput=perf, work=pb.WorkStatus(progress=9.0))
+    assert reference_work(undeclared) is None
+    unfitted = pb.JobModel(work=pb.WorkStatus(progress=9.0, remaining=1.0))
+    assert reference_work(unfitted) is None
+    done = pb.JobModel(throughput=perf, work=pb.WorkStatus(progress=9.0, remaining=0.0))
+    assert reference_work(done) == 9.0
+
+
+def test_an_estimate_forecasts_the_new_job_beside_the_running_ones() -> None:
+    perf = perf_to_pb(policy_model().perf)
+    reference = pb.JobModel(throughput=perf, work=pb.WorkStatus(progress=9e3, remaining=1e3))
+    new = pb.JobSpec(name="again", batch=pb.BatchLimits(initial_batch_size=128))
+    new.batch.max_batch_size = 4096
+    quiet = state([], nodes(1))
+    busy = state([replace(job("big", on=("n0",) * 4), remaining_work=1e6)], nodes(1))
+    alone = estimate(quiet, PolluxPolicy(), new, reference, round_s=60.0, restart_delay_s=30.0)
+    shared = estimate(busy, PolluxPolicy(), new, reference, round_s=60.0, restart_delay_s=30.0)
+    assert alone is not None
+    assert shared is not None
+    assert alone.work == shared.work == 1e4
+    assert quiet.now < alone.completion < shared.completion  # sharing the GPUs takes longer
+    assert shared.rounds < 200  # the forecast stops once the new job is done
+    with pytest.raises(ValueError, match="declared size"):
+        estimate(quiet, PolluxPolicy(), new, pb.JobModel(), round_s=60.0, restart_delay_s=30.0)

@@ -25,6 +25,7 @@ from pollux.client.types import (
     Holder,
     Job,
     JobDecision,
+    JobEstimate,
     JobSpec,
     Member,
     ModelSummary,
@@ -526,4 +527,15 @@ def cluster_from_proto(message: spb.ClusterStatusResponse) -> ClusterStatus:
         last_round=message.last_round,
         answered_by=message.answered_by,
         warnings=tuple(message.warnings),
+    )
+
+
+def estimate_from_proto(message: spb.EstimateJobResponse) -> JobEstimate:
+    """A job estimate from an EstimateJob reply."""
+    return JobEstimate(
+        predicted_jct_s=message.predicted_jct_s,
+        predicted_completion=time_from_proto(message, "predicted_completion"),
+        reference_job_id=message.reference_job_id,
+        work=message.work,
+        rounds=message.rounds,
     )

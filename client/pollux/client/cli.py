@@ -142,6 +142,38 @@ def _add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], su
     )
 
 
+def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    """A job's file and flags (submit, estimate)."""
+    p.add_argument("-f", "--file", help="job file: YAML, JSON or TOML with JobSpec keys")
+    for flag, key, kind, help_text in _SPEC_FLAGS:
+        p.add_argument(
+            flag,
+            dest=key,
+            type=non_negative_int if kind is int else kind,
+            metavar="N" if kind is int else flag.lstrip("-").upper(),
+            help=help_text,
+        )
+    p.add_argument("--scaling-rule", choices=SCALING_RULES, help="LR scaling rule")
+    p.add_argument(
+        "--env", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
+    )
+    p.add_argument(
+        "--label", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
+    )
+    p.add_argument(
+        "--mount",
+        type=mount,
+        action="append",
+        default=[],
+        metavar="SRC:DST[:ro]",
+        help="bind-mount a host directory into the job's container (repeatable; the "
+        "launcher must allow SRC)",
+    )
+    p.add_argument(
+        "argv", nargs="*", metavar="-- COMMAND", help="the replica's command line, after --"
+    )
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; `environ` supplies POLLUX_SERVER (default: os.environ)."""
     env = os.environ if environ is None else environ
@@ -157,35 +189,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         return p
 
     submit = command("submit", "submit a job (flags override the job file)")
-    submit.add_argument("-f", "--file", help="job file: YAML, JSON or TOML with JobSpec keys")
-    for flag, key, kind, help_text in _SPEC_FLAGS:
-        submit.add_argument(
-            flag,
-            dest=key,
-            type=non_negative_int if kind is int else kind,
-            metavar="N" if kind is int else flag.lstrip("-").upper(),
-            help=help_text,
-        )
-    submit.add_argument("--scaling-rule", choices=SCALING_RULES, help="LR scaling rule")
-    submit.add_argument(
-        "--env", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
-    )
-    submit.add_argument(
-        "--label", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
-    )
-    submit.add_argument(
-        "--mount",
-        type=mount,
-        action="append",
-        default=[],
-        metavar="SRC:DST[:ro]",
-        help="bind-mount a host directory into the job's container (repeatable; the "
-        "launcher must allow SRC)",
-    )
+    _add_spec_arguments(submit)
     submit.add_argument("--request-id", metavar="ID", help="idempotency key (default: a new UUID)")
-    submit.add_argument(
-        "argv", nargs="*", metavar="-- COMMAND", help="the replica's command line, after --"
+    estimate = command(
+        "estimate",
+        "predict when a job would complete if submitted now (from an earlier run of the same "
+        "name: its measured goodput and size)",
     )
+    _add_spec_arguments(estimate)
 
     ls = command("ls", "list jobs")
     ls.add_argument(
@@ -289,6 +300,11 @@ def _submit(args: argparse.Namespace, client: Client) -> None:
     _emit(args, job, lambda: fmt.submitted_text(job))
 
 
+def _estimate(args: argparse.Namespace, client: Client) -> None:
+    found = client.estimate(spec_from_args(args))
+    _emit(args, found, lambda: fmt.estimate_text(found, _now()))
+
+
 def _ls(args: argparse.Namespace, client: Client) -> None:
     jobs = list(
         client.list_jobs(
@@ -351,6 +367,7 @@ def _top(args: argparse.Namespace, client: Client) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
     "submit": _submit,
+    "estimate": _estimate,
     "ls": _ls,
     "describe": _describe,
     "logs": _logs,

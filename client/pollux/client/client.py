@@ -30,7 +30,14 @@ from pollux.client.errors import (
     UnavailableError,
     from_rpc_error,
 )
-from pollux.client.types import JOB_STATES, ClusterStatus, Explanation, Job, JobSpec
+from pollux.client.types import (
+    JOB_STATES,
+    ClusterStatus,
+    Explanation,
+    Job,
+    JobEstimate,
+    JobSpec,
+)
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import admin_service_pb2_grpc, scheduler_service_pb2_grpc
 from pollux.v1 import launcher_service_pb2 as lpb
@@ -51,6 +58,7 @@ IDEMPOTENT_RPCS: frozenset[str] = frozenset(
         "CancelJob",
         "DeleteJob",
         "Explain",
+        "EstimateJob",
         "ClusterStatus",
         "WatchJobs",
         "StreamLogs",
@@ -189,6 +197,18 @@ class Client:
         )
         response: spb.SubmitJobResponse = self._unary("SubmitJob", request)
         return _convert.job_from_proto(response.job)
+
+    def estimate(self, spec: JobSpec) -> JobEstimate:
+        """When `spec` would complete if submitted now (nothing is submitted).
+
+        Raises:
+            InvalidArgumentError: The spec is invalid.
+            FailedPreconditionError: No earlier job of that name (yours) has reported a model
+                and a declared size, or the cluster is too busy to say.
+        """
+        request = spb.EstimateJobRequest(spec=_convert.spec_to_proto(spec))
+        response: spb.EstimateJobResponse = self._unary("EstimateJob", request)
+        return _convert.estimate_from_proto(response)
 
     def get_job(self, job_id: str) -> Job:
         """One job by id.

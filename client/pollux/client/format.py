@@ -24,6 +24,7 @@ from pollux.client.types import (
     ClusterStatus,
     Explanation,
     Job,
+    JobEstimate,
     JobSpec,
     NodeStatus,
 )
@@ -238,6 +239,28 @@ def job_details(job: Job, now: datetime) -> str:
 def submitted_text(job: Job) -> str:
     """What `submit` prints: the id first, so ``$(pollux-cli submit ... | cut -f1)`` works."""
     return f"{job.id}\t{job.spec.name}\t{job.state}"
+
+
+def estimate_text(found: JobEstimate, now: datetime) -> str:
+    """What `estimate` prints: the predicted JCT, the completion time, what it assumed."""
+    return fields(
+        [
+            ("Predicted JCT", f"{_duration(found.predicted_jct_s)} (if submitted now)"),
+            ("Completion", timestamp(found.predicted_completion)),
+            (
+                "Assumes",
+                f"the goodput model and size ({found.work:.1f} M0-steps) of "
+                f"{found.reference_job_id}, no further arrivals",
+            ),
+            ("Forecast", f"{found.rounds} rounds of the policy"),
+        ]
+    )
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(max(round(seconds), 0), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 # ---- explain ---------------------------------------------------------------------------------

@@ -324,6 +324,21 @@ class ModelSummary:
 
 
 @dataclass(frozen=True)
+class JobEstimate:
+    """When a job would complete if submitted now (`Client.estimate`)."""
+
+    predicted_jct_s: float
+    """Seconds from now to the predicted completion."""
+    predicted_completion: datetime | None
+    reference_job_id: str
+    """The earlier run whose measured goodput model and size the estimate borrowed."""
+    work: float
+    """The size assumed, M0-steps (the reference's progress + declared remaining work)."""
+    rounds: int
+    """Rounds the forecast played."""
+
+
+@dataclass(frozen=True)
 class Explanation:
     """Why a job has what it has: its last decision, that round, its model and batch."""
 

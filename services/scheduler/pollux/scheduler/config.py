@@ -10,6 +10,7 @@ from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 from pollux.service.maintenance import MaintenanceSettings
 
 POLICIES = ("pollux", "optimus", "tiresias")
+MODES = ("faithful", "jct")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,10 @@ class SchedulingConfig:
 
     policy: str = "pollux"
     """pollux, optimus (with model-predicted step times) or tiresias."""
+    mode: str = "faithful"
+    """Of the pollux policy: "faithful" (the published objective) or "jct" (each job weighted
+    by its declared remaining work, re-allocations discounted by remaining time and each job's
+    measured rescale pause: pollux.policy.jct)."""
     interval_s: float = 60.0
     """Seconds between periodic rounds (the paper's 60 s)."""
     debounce_s: float = 1.0
@@ -28,12 +33,21 @@ class SchedulingConfig:
     """Seed of the policy's random generator (rounds are replayable)."""
     decision_history: int = 1000
     """Decision records kept in etcd."""
+    forecast_interval_s: float = 60.0
+    """Seconds between each replica's completion-time forecasts (0: none; then a job's
+    estimate is its time left on its current GPUs): scheduler/forecaster.py."""
+    forecast_round_s: float = 300.0
+    """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
         out = []
         if self.policy not in POLICIES:
             out.append(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.mode not in MODES:
+            out.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        elif self.mode != "faithful" and self.policy != "pollux":
+            out.append(f"mode: {self.mode!r} is a mode of the pollux policy, not of {self.policy}")
         if self.interval_s <= 0:
             out.append("interval_s: must be > 0")
         if self.debounce_s < 0:
@@ -42,6 +56,10 @@ class SchedulingConfig:
             out.append("restart_delay_s: must be >= 0")
         if self.decision_history < 1:
             out.append("decision_history: must be >= 1")
+        if self.forecast_interval_s < 0:
+            out.append("forecast_interval_s: must be >= 0 (0 turns forecasts off)")
+        if self.forecast_round_s <= 0:
+            out.append("forecast_round_s: must be > 0")
         return out
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
+from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
 from pollux.scheduler.tokens import TokenBook
@@ -120,6 +121,14 @@ class SchedulerApp(ServiceApp):
         )
         campaign = Campaign(store, config, host)
         self.scheduler = campaign.scheduler
+        scheduling = config.scheduling
+        self.forecaster = Forecaster(
+            self.scheduler.mirror,
+            self.scheduler.policy,
+            interval_s=scheduling.forecast_interval_s,
+            round_s=scheduling.forecast_round_s,
+            restart_delay_s=scheduling.restart_delay_s,
+        )
         servicer = SchedulerServicer(
             store,
             config.id,
@@ -130,6 +139,7 @@ class SchedulerApp(ServiceApp):
             params=policy.params
             if isinstance(policy := self.scheduler.policy, PolluxPolicy)
             else None,
+            forecaster=self.forecaster,
         )
         super().__init__(
             host,
@@ -146,8 +156,14 @@ class SchedulerApp(ServiceApp):
             scheduler_id=config.id,
         )
 
+    async def start(self) -> None:
+        """Serve and campaign, then forecast in the background."""
+        await super().start()
+        self.forecaster.start()
+
     async def stop(self) -> None:
-        """Stop, then write the audit records still queued."""
+        """Stop forecasting and serving, then write the audit records still queued."""
+        await self.forecaster.stop()
         await super().stop()
         await self.audit.close()
 
@@ -162,6 +178,7 @@ SPEC: ServiceSpec[SchedulerConfig, None] = ServiceSpec(
     flags=(
         Flag("--id", "id", "replica id (shown as the leader id)"),
         Flag("--policy", "scheduling.policy", "pollux, optimus or tiresias"),
+        Flag("--mode", "scheduling.mode", "pollux's mode: faithful or jct"),
         Flag("--interval", "scheduling.interval_s", "seconds between rounds", float),
         Flag("--lease-ttl", "lease_ttl_s", "leadership lease TTL in seconds", int),
         Flag("--restart-delay", "scheduling.restart_delay_s", "re-allocation cost, s", float),

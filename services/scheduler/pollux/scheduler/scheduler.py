@@ -19,7 +19,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.scheduler import accounting
@@ -100,10 +100,11 @@ def merged(chunk: list[Group]) -> Group:
     return [op for ops, _ in chunk for op in ops], [e for _, expect in chunk for e in expect]
 
 
-def make_policy(name: str, restart_delay_s: float) -> Policy:
-    """The policy object for a configured name."""
+def make_policy(name: str, restart_delay_s: float, mode: str = "faithful") -> Policy:
+    """The policy object for a configured name (and, for pollux, mode)."""
     if name == "pollux":
-        return PolluxPolicy(PolluxParams(restart_delay=restart_delay_s))
+        jct = JctParams() if mode == "jct" else None
+        return PolluxPolicy(PolluxParams(restart_delay=restart_delay_s), jct=jct)
     if name == "optimus":
         return OptimusPolicy()
     if name == "tiresias":
@@ -143,7 +144,8 @@ class Scheduler:
         self.config = config
         self.member = pb.Member(id=config.id, address=address)
         self.clock = clock
-        self.policy = make_policy(config.scheduling.policy, config.scheduling.restart_delay_s)
+        scheduling = config.scheduling
+        self.policy = make_policy(scheduling.policy, scheduling.restart_delay_s, scheduling.mode)
         self.rng = np.random.default_rng(config.scheduling.seed)
         self.leadership = Leadership()
         self.last_round = 0

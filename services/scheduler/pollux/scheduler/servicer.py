@@ -19,10 +19,14 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
+from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.problem import PolluxParams
+from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
 from pollux.scheduler.cycle import cluster_state, seconds_left
+from pollux.scheduler.estimate import estimate, reference_work
 from pollux.scheduler.explain import counterfactual
+from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.logs import LauncherLogs
@@ -31,7 +35,7 @@ from pollux.service import auth
 from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from pollux.service.keys import Kind
 from pollux.service.mirror import ClusterMirror
-from pollux.service.store import Conflict, Store, decode
+from pollux.service.store import Conflict, Snapshot, Store, decode
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -62,6 +66,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         last_round: Returns the last round this replica ran or saw.
         clock: Wall-clock seconds.
         params: The Pollux objective's parameters (Explain's counterfactuals); None: defaults.
+        forecaster: The replica's forecasts, preferred for `estimated_completion`.
     """
 
     def __init__(
@@ -75,9 +80,12 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         warnings: Callable[[], list[str]] = list,
         mirror: ClusterMirror | None = None,
         params: PolluxParams | None = None,
+        forecaster: Forecaster | None = None,
     ) -> None:
         self.store = store
         self.params = params
+        self.forecaster = forecaster
+        """The replica's completion-time forecasts (None: time left on current GPUs only)."""
         """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.logs = LauncherLogs(store, store.tls)
         self.warnings = warnings
@@ -191,13 +199,20 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def _shown(self, jobs: list[pb.Job]) -> list[pb.Job]:
         """`jobs` as the API shows them: redacted, with `estimated_completion` where known.
 
-        Models come from the replica's mirror (no etcd read per job), else from etcd.
+        From the replica's latest forecast when it covers the job, else its time left on its
+        current GPUs; models come from the replica's mirror (no etcd read per job), else etcd.
         """
         out = [redacted(job) for job in jobs]
         now = self.clock()
         mirror = self.mirror
+        forecast = self.forecaster.completion if self.forecaster is not None else {}
         for job in out:
-            if job.state not in ACTIVE or not job.allocation.nodes:
+            if job.state not in ACTIVE:
+                continue
+            if job.id in forecast:
+                job.estimated_completion.FromNanoseconds(int(forecast[job.id] * 1e9))
+                continue
+            if not job.allocation.nodes:
                 continue
             if mirror is not None and mirror.ready:
                 cached = mirror.models.entries.get(self.store.keys.model(job.id))
@@ -358,18 +373,83 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             await self._counterfactual(job.id, response)
         return response
 
+    async def EstimateJob(
+        self, request: spb.EstimateJobRequest, context: Context
+    ) -> spb.EstimateJobResponse:
+        """Forecast a job as if submitted now, borrowing an earlier run's model and size."""
+        caller = auth.current()
+        check_person(caller, "EstimateJob")
+        validate_submit(request.spec, "estimate", request.HasField("spec"))
+        spec = normalised(request.spec)
+        found = await self._reference(spec.name, owner_filter(caller))
+        if found is None:
+            raise FailedPrecondition(
+                f"no earlier job named {shown(spec.name)} of yours has reported a throughput "
+                "model and a declared size: run it once (the estimate uses its measured goodput "
+                "and size; the training library declares the size with trainer.epochs(N))"
+            )
+        reference_id, model = found
+        snapshot = await self._snapshot()
+        now = self.clock()
+        state = await asyncio.to_thread(cluster_state, snapshot, _active(snapshot), now=now)
+        forecaster = self.forecaster
+        policy: Policy = (
+            forecaster.policy
+            if forecaster is not None
+            else PolluxPolicy(self.params or PolluxParams())
+        )
+        result = await asyncio.to_thread(
+            estimate,
+            state,
+            policy,
+            spec,
+            model,
+            round_s=forecaster.round_s if forecaster is not None else 300.0,
+            restart_delay_s=forecaster.restart_delay_s if forecaster is not None else 30.0,
+        )
+        if result is None:
+            raise FailedPrecondition(
+                f"the forecast did not finish {shown(spec.name)} within its horizon: the "
+                "cluster is too busy to say"
+            )
+        response = spb.EstimateJobResponse(
+            predicted_jct_s=result.completion - now,
+            reference_job_id=reference_id,
+            work=result.work,
+            rounds=result.rounds,
+        )
+        response.predicted_completion.FromNanoseconds(int(result.completion * 1e9))
+        return response
+
+    async def _reference(self, name: str, owner: str | None) -> tuple[str, pb.JobModel] | None:
+        """The newest job named `name` (the owner's, unless None) with a model and a size."""
+        mirror = self.mirror
+        if mirror is not None and mirror.ready:
+            keys, _ = mirror.page(
+                states=set(), name_prefix=name, labels={}, after=None, limit=1000, owner=owner
+            )
+            jobs = [e.value for e in await self.store.get_many(keys, pb.Job) if e is not None]
+        else:
+            listed, _ = await self.store.list_jobs()
+            jobs = [e.value for e in listed if owner is None or e.value.owner == owner]
+        named = sorted((j for j in jobs if j.spec.name == name), key=_order, reverse=True)
+        for job in named[:50]:
+            entry = await self.store.get_model(job.id)
+            if entry is not None and reference_work(entry.value) is not None:
+                return job.id, entry.value
+        return None
+
+    async def _snapshot(self) -> Snapshot:
+        """The active state: the mirror's when it has listed everything, else etcd's."""
+        mirror = self.mirror
+        if mirror is not None and mirror.ready:
+            return mirror.snapshot()
+        return await self.store.snapshot()
+
     async def _counterfactual(self, job_id: str, response: spb.ExplainResponse) -> None:
         """Fill Explain's counterfactuals from the live state (the mirror's, else etcd's)."""
-        mirror = self.mirror
-        snapshot = (
-            mirror.snapshot()
-            if mirror is not None and mirror.ready
-            else await self.store.snapshot()
-        )
-        active = sorted(
-            (e.value for e in snapshot.jobs.values() if e.value.state in ACTIVE),
-            key=lambda j: (j.create_time.ToNanoseconds(), j.id),
-        )
+        snapshot = await self._snapshot()
+        active = _active(snapshot)
         state = await asyncio.to_thread(cluster_state, snapshot, active, now=self.clock())
         try:
             found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
@@ -471,3 +551,11 @@ def last_change(job: pb.Job) -> pb.StateTransition | None:
         if entry.state in _GPU_CHANGES or (entry.state == S.JOB_STATE_PENDING and index > 0):
             return entry
     return None
+
+
+def _active(snapshot: Snapshot) -> list[pb.Job]:
+    """The snapshot's active jobs in submission order (the policy's order)."""
+    return sorted(
+        (e.value for e in snapshot.jobs.values() if e.value.state in ACTIVE),
+        key=lambda j: (j.create_time.ToNanoseconds(), j.id),
+    )
