@@ -305,6 +305,12 @@ async def test_an_estimate_borrows_the_newest_earlier_run_of_the_same_name(
         job_id=earlier.id, throughput=perf, work=pb.WorkStatus(progress=300.0, remaining=200.0)
     )
     await store.put(store.keys.model(earlier.id), model)
+
+    async def allocated() -> bool:  # the replica has seen the node (and the model)
+        got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=earlier.id))).job
+        return len(got.allocation.nodes) >= 1
+
+    await eventually(allocated)
     found = await replica.stub.EstimateJob(request)
     assert found.reference_job_id == earlier.id
     assert found.work == 500.0  # the earlier run's progress + remaining work

@@ -392,6 +392,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         now = self.clock()
         state = await asyncio.to_thread(cluster_state, snapshot, _active(snapshot), now=now)
+        if not state.nodes:
+            raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
         forecaster = self.forecaster
         policy: Policy = (
             forecaster.policy
@@ -422,9 +424,17 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         return response
 
     async def _reference(self, name: str, owner: str | None) -> tuple[str, pb.JobModel] | None:
-        """The newest job named `name` (the owner's, unless None) with a model and a size."""
+        """The newest job named `name` (the owner's, unless None) with a model and a size.
+
+        From the mirror's job index once it holds this replica's job writes (as ListJobs
+        reads), else from etcd.
+        """
         mirror = self.mirror
-        if mirror is not None and mirror.ready:
+        if (
+            mirror is not None
+            and mirror.ready
+            and await mirror.jobs.wait_for(self.store.jobs_written, 2.0)
+        ):
             keys, _ = mirror.page(
                 states=set(), name_prefix=name, labels={}, after=None, limit=1000, owner=owner
             )
