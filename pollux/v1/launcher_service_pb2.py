@@ -22,24 +22,25 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from pollux.v1 import types_pb2 as pollux_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n pollux/v1/launcher_service.proto\x12\tpollux.v1\x1a\x15pollux/v1/types.proto\"U\n\x11StreamLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x12\n\ntail_lines\x18\x04 \x01(\r\"7\n\x12StreamLogsResponse\x12\r\n\x05lines\x18\x01 \x03(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"%\n\x13ListReplicasRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x14ListReplicasResponse\x12*\n\x08replicas\x18\x01 \x03(\x0b\x32\x18.pollux.v1.ReplicaStatus2\xaf\x01\n\x0fLauncherService\x12K\n\nStreamLogs\x12\x1c.pollux.v1.StreamLogsRequest\x1a\x1d.pollux.v1.StreamLogsResponse0\x01\x12O\n\x0cListReplicas\x12\x1e.pollux.v1.ListReplicasRequest\x1a\x1f.pollux.v1.ListReplicasResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n pollux/v1/launcher_service.proto\x12\tpollux.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15pollux/v1/types.proto\"\x98\x01\n\x11StreamLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x12\n\ntail_lines\x18\x04 \x01(\r\x12\x16\n\x0emin_generation\x18\x05 \x01(\x04\x12)\n\x05since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"7\n\x12StreamLogsResponse\x12\r\n\x05lines\x18\x01 \x03(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"%\n\x13ListReplicasRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x14ListReplicasResponse\x12*\n\x08replicas\x18\x01 \x03(\x0b\x32\x18.pollux.v1.ReplicaStatus2\xaf\x01\n\x0fLauncherService\x12K\n\nStreamLogs\x12\x1c.pollux.v1.StreamLogsRequest\x1a\x1d.pollux.v1.StreamLogsResponse0\x01\x12O\n\x0cListReplicas\x12\x1e.pollux.v1.ListReplicasRequest\x1a\x1f.pollux.v1.ListReplicasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pollux.v1.launcher_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STREAMLOGSREQUEST']._serialized_start=70
-  _globals['_STREAMLOGSREQUEST']._serialized_end=155
-  _globals['_STREAMLOGSRESPONSE']._serialized_start=157
-  _globals['_STREAMLOGSRESPONSE']._serialized_end=212
-  _globals['_LISTREPLICASREQUEST']._serialized_start=214
-  _globals['_LISTREPLICASREQUEST']._serialized_end=251
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=253
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=319
-  _globals['_LAUNCHERSERVICE']._serialized_start=322
-  _globals['_LAUNCHERSERVICE']._serialized_end=497
+  _globals['_STREAMLOGSREQUEST']._serialized_start=104
+  _globals['_STREAMLOGSREQUEST']._serialized_end=256
+  _globals['_STREAMLOGSRESPONSE']._serialized_start=258
+  _globals['_STREAMLOGSRESPONSE']._serialized_end=313
+  _globals['_LISTREPLICASREQUEST']._serialized_start=315
+  _globals['_LISTREPLICASREQUEST']._serialized_end=352
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=354
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=420
+  _globals['_LAUNCHERSERVICE']._serialized_start=423
+  _globals['_LAUNCHERSERVICE']._serialized_end=598
 # @@protoc_insertion_point(module_scope)

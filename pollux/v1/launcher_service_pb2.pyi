@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from pollux.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,16 +11,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StreamLogsRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "follow", "tail_lines")
+    __slots__ = ("job_id", "rank", "follow", "tail_lines", "min_generation", "since")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     follow: bool
     tail_lines: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+    min_generation: int
+    since: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., min_generation: _Optional[int] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class StreamLogsResponse(_message.Message):
     __slots__ = ("lines", "generation")

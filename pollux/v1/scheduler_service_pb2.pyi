@@ -11,6 +11,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetJobTimelineRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobTimelineResponse(_message.Message):
+    __slots__ = ("timeline",)
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    timeline: _types_pb2.JobTimeline
+    def __init__(self, timeline: _Optional[_Union[_types_pb2.JobTimeline, _Mapping]] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -40,7 +52,7 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "name_prefix", "labels", "page_size", "page_token")
+    __slots__ = ("states", "name_prefix", "labels", "page_size", "page_token", "newest_first", "owner")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,12 +65,16 @@ class ListJobsRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.JobState]
     name_prefix: str
     labels: _containers.ScalarMap[str, str]
     page_size: int
     page_token: str
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.JobState, str]]] = ..., name_prefix: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    newest_first: bool
+    owner: str
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.JobState, str]]] = ..., name_prefix: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., newest_first: _Optional[bool] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")

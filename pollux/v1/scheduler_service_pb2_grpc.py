@@ -86,6 +86,11 @@ class SchedulerServiceStub:
                 request_serializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.SerializeToString,
                 response_deserializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.FromString,
                 _registered_method=True)
+        self.GetJobTimeline = channel.unary_unary(
+                '/pollux.v1.SchedulerService/GetJobTimeline',
+                request_serializer=pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineRequest.SerializeToString,
+                response_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -103,14 +108,19 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """GetJob returns one job. Errors: NOT_FOUND, INVALID_ARGUMENT (empty id). Safe to retry.
+        """GetJob returns one job. Every job_id field of this service (GetJob, CancelJob,
+        DeleteJob, Explain, StreamLogs, GetJobTimeline, WatchJobs) takes a job id, a unique prefix
+        of one, or the name of exactly one job the caller may see.
+        Errors: NOT_FOUND, INVALID_ARGUMENT (empty, or a prefix/name that matches several jobs:
+        the message lists them). Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """ListJobs returns jobs in creation order, filtered and paginated. Safe to retry.
+        """ListJobs returns jobs in creation order (or newest first), filtered and paginated from
+        each replica's in-memory index: a page costs the same at any number of jobs. Safe to retry.
         Errors: INVALID_ARGUMENT (bad page token or page size).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -180,6 +190,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobTimeline(self, request, context):
+        """GetJobTimeline returns a job's sampled life (GPUs, batch size, throughput, efficiency,
+        goodput, progress over time); empty before its first report. Errors: NOT_FOUND.
+        Safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +251,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.StreamLogs,
                     request_deserializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.FromString,
                     response_serializer=pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.SerializeToString,
+            ),
+            'GetJobTimeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobTimeline,
+                    request_deserializer=pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineRequest.FromString,
+                    response_serializer=pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -505,6 +529,33 @@ class SchedulerService:
             '/pollux.v1.SchedulerService/StreamLogs',
             pollux_dot_v1_dot_launcher__service__pb2.StreamLogsRequest.SerializeToString,
             pollux_dot_v1_dot_launcher__service__pb2.StreamLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobTimeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pollux.v1.SchedulerService/GetJobTimeline',
+            pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineRequest.SerializeToString,
+            pollux_dot_v1_dot_scheduler__service__pb2.GetJobTimelineResponse.FromString,
             options,
             channel_credentials,
             insecure,

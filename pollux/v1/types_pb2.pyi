@@ -146,7 +146,7 @@ class StateTransition(_message.Message):
     def __init__(self, state: _Optional[_Union[JobState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds", "owner", "tenant", "estimated_completion")
+    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds", "owner", "tenant", "estimated_completion", "cancel_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class Job(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     request_id: str
@@ -177,7 +178,8 @@ class Job(_message.Message):
     owner: str
     tenant: str
     estimated_completion: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ..., owner: _Optional[str] = ..., tenant: _Optional[str] = ..., estimated_completion: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    cancel_reason: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ..., owner: _Optional[str] = ..., tenant: _Optional[str] = ..., estimated_completion: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_reason: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("nodes", "generation", "time", "round")
@@ -473,3 +475,37 @@ class UsageRecord(_message.Message):
     gpu_seconds: float
     goodput_seconds: float
     def __init__(self, tenant: _Optional[str] = ..., user: _Optional[str] = ..., day: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., goodput_seconds: _Optional[float] = ...) -> None: ...
+
+class TimelinePoint(_message.Message):
+    __slots__ = ("time", "generation", "gpus", "nodes", "batch_size", "throughput", "efficiency", "goodput", "predicted_goodput", "progress", "remaining")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    generation: int
+    gpus: int
+    nodes: int
+    batch_size: int
+    throughput: float
+    efficiency: float
+    goodput: float
+    predicted_goodput: float
+    progress: float
+    remaining: float
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., throughput: _Optional[float] = ..., efficiency: _Optional[float] = ..., goodput: _Optional[float] = ..., predicted_goodput: _Optional[float] = ..., progress: _Optional[float] = ..., remaining: _Optional[float] = ...) -> None: ...
+
+class JobTimeline(_message.Message):
+    __slots__ = ("job_id", "points")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    points: _containers.RepeatedCompositeFieldContainer[TimelinePoint]
+    def __init__(self, job_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[TimelinePoint, _Mapping]]] = ...) -> None: ...

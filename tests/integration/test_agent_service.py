@@ -162,6 +162,35 @@ async def test_reports_build_a_model_that_batch_configs_follow(etcd, root, store
         assert profile.value.last_configs["1/4"].local_batch_size == config.local_batch_size
 
 
+async def test_rank_0_reports_record_a_timeline_point_per_interval_and_generation(
+    etcd, root, store
+):
+    await make_job(store)
+    clock = FakeClock()
+    async with running_agent(etcd, root, "agent-a", clock=clock) as a:
+        await a.stub.ReportMetrics(report(1, observation(1, 1, 64)))
+        await a.stub.ReportMetrics(report(1, observation(1, 2, 64), rank=1))  # not rank 0
+        clock.now += 5  # within the 15 s interval: no point
+        await a.stub.ReportMetrics(report(2, observation(1, 1, 64)))
+        clock.now += 20
+        await a.stub.ReportMetrics(report(3, observation(1, 2, 64)))
+        rescaled = report(4, observation(1, 4, 64))
+        rescaled.generation = 2  # a new generation is recorded at once
+        await a.stub.ReportMetrics(rescaled)
+    timeline = await store.get_timeline("j-1")
+    assert timeline is not None
+    points = list(timeline.value.points)
+    assert [(p.generation, p.gpus) for p in points] == [(1, 1), (1, 2), (2, 4)]
+    first = points[0]
+    _, optim = step_times(PERF, 1, 1, 64)
+    assert first.batch_size == 64
+    assert first.throughput == pytest.approx(64 / float(optim))
+    assert 0 < first.efficiency <= 1
+    assert first.goodput == pytest.approx(first.throughput * first.efficiency)
+    assert points[-1].predicted_goodput > 0  # the model was fitted by then
+    assert points[0].time.ToSeconds() == 1_700_000_000
+
+
 async def test_a_batch_config_before_any_report_splits_the_initial_batch(etcd, root, store):
     await make_job(store)
     async with running_agent(etcd, root, "agent-a") as a:

@@ -289,7 +289,10 @@ SEEDS: dict[str, Message] = {
     "Explain": spb.ExplainRequest(job_id="j-fuzz"),
     "EstimateJob": spb.EstimateJobRequest(spec=_seed_spec()),
     "ClusterStatus": spb.ClusterStatusRequest(),
-    "StreamLogs": lpb.StreamLogsRequest(job_id="j-fuzz", rank=0, follow=True, tail_lines=10),
+    "StreamLogs": lpb.StreamLogsRequest(
+        job_id="j-fuzz", rank=0, follow=True, tail_lines=10, min_generation=1
+    ),
+    "GetJobTimeline": spb.GetJobTimelineRequest(job_id="j-fuzz"),
     "WhoAmI": apb.WhoAmIRequest(),
     "CreateToken": apb.CreateTokenRequest(user="alice", role="user", ttl_s=3600),
     "RevokeToken": apb.RevokeTokenRequest(token_id="0123456789ab"),

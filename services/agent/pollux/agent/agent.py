@@ -42,6 +42,7 @@ from pollux.agent.report_bounds import (
     claimed_seconds,
     report_weights,
 )
+from pollux.agent.timeline import appended, point_of
 from pollux.goodput import GoodputError
 from pollux.service import ownership
 from pollux.service.errors import (
@@ -100,6 +101,8 @@ class _Cached:
     limits: pb.BatchLimits
     max_replicas: int = 0
     """The job's replica limit (0: none), which reports are checked against."""
+    timeline: pb.JobTimeline | None = None
+    """The job's timeline as written with the profile (None before its first point)."""
 
 
 class Agent:
@@ -257,8 +260,15 @@ class Agent:
         # Read after the profile: the model is then at least as new as it, and the profile's
         # compare-and-swap guarantees it is exactly the one written with it.
         model = await self._store.get_model(job_id)
+        timeline = await self._store.get_timeline(job_id)
         spec = job.value.spec
-        state = _Cached(profile, model.value if model else None, spec.batch, spec.max_replicas)
+        state = _Cached(
+            profile,
+            model.value if model else None,
+            spec.batch,
+            spec.max_replicas,
+            timeline.value if timeline else None,
+        )
         self._remember(job_id, state)
         return state
 
@@ -274,15 +284,18 @@ class Agent:
         state: _Cached,
         profile: pb.ObservationProfile,
         model: pb.JobModel | None,
+        timeline: pb.JobTimeline | None = None,
     ) -> int | None:
-        """Write profile (and model) if unchanged since read; None on a lost race.
+        """Write profile (and model, timeline) if unchanged since read; None on a lost race.
 
         Raises:
             NotFound: The job was deleted meanwhile.
         """
         expected = state.profile.mod_revision if state.profile is not None else 0
         try:
-            revision = await self._store.save_profile_and_model(profile, model, expected=expected)
+            revision = await self._store.save_profile_and_model(
+                profile, model, expected=expected, timeline=timeline
+            )
         except Conflict as error:
             self._forget(job_id)
             if error.key == self._store.keys.job(job_id):
@@ -292,7 +305,14 @@ class Agent:
         created = state.profile.create_revision if state.profile is not None else revision
         entry = Entry(profile, revision, created)
         self._remember(
-            job_id, _Cached(entry, model or state.model, state.limits, state.max_replicas)
+            job_id,
+            _Cached(
+                entry,
+                model or state.model,
+                state.limits,
+                state.max_replicas,
+                timeline or state.timeline,
+            ),
         )
         return revision
 
@@ -357,7 +377,8 @@ class Agent:
                 model = build_model(
                     merge.profile, state.limits, throughput, agent_id=self.id, now_s=now
                 )
-                if await self._save(job_id, state, merge.profile, model) is None:
+                timeline = self._timeline(job_id, request, merge.profile, model, state, now)
+                if await self._save(job_id, state, merge.profile, model, timeline) is None:
                     log.info("agent_report_conflict", job_id=job_id, attempt=attempt)
                     await self._back_off(attempt)
                     continue
@@ -368,6 +389,29 @@ class Agent:
                     True, observation_count(merge.profile), fit_seconds, fit_failed, attempt
                 )
         raise Unavailable(f"job {shown(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times")
+
+    def _timeline(
+        self,
+        job_id: str,
+        request: api.ReportMetricsRequest,
+        profile: pb.ObservationProfile,
+        model: pb.JobModel,
+        state: _Cached,
+        now: float,
+    ) -> pb.JobTimeline | None:
+        """The job's timeline with this report's point, or None when no point is due."""
+        try:
+            point = point_of(request, profile, model, state.limits, now)
+        except GoodputError as error:  # limits the goodput model refuses: no point, no harm
+            log.warning("agent_timeline_point_failed", job_id=job_id, error=str(error))
+            return None
+        if point is None:
+            return None
+        return appended(
+            state.timeline or pb.JobTimeline(job_id=job_id),
+            point,
+            interval_s=self._config.timeline_interval_s,
+        )
 
     def _fit_due(
         self,

@@ -51,6 +51,13 @@ class AgentConfig:
     changing the batch (and its learning-rate schedule) for.
     """
 
+    timeline_interval_s: float = 15.0
+    """Seconds between two points of a job's timeline (a new generation always adds one).
+
+    The timeline is written with the profile, so a point costs no extra etcd write; the
+    interval bounds how fast its fixed number of points is used up.
+    """
+
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem" (nested sections check themselves)."""
         out = []
@@ -66,6 +73,10 @@ class AgentConfig:
         if not math.isfinite(self.refit_min_interval_s) or self.refit_min_interval_s < 0:
             out.append(
                 f"refit_min_interval_s: must be finite and >= 0, got {self.refit_min_interval_s}"
+            )
+        if not math.isfinite(self.timeline_interval_s) or self.timeline_interval_s < 0:
+            out.append(
+                f"timeline_interval_s: must be finite and >= 0, got {self.timeline_interval_s}"
             )
         if not math.isfinite(self.hysteresis) or not 0 <= self.hysteresis < 1:
             out.append(f"hysteresis: must be in [0, 1), got {self.hysteresis}")

@@ -31,6 +31,8 @@ class Kind(StrEnum):
     """Each job's latest fitted model, written by its agent."""
     OBSERVATIONS = "observations"
     """Each job's observation profile, so a new agent resumes the fit."""
+    TIMELINES = "timelines"
+    """Each job's sampled life (bounded), written by its agent with the profile."""
     ALLOCATIONS = "allocations"
     """Each job's allocation: what launchers watch."""
     REPLICAS = "replicas"
@@ -93,6 +95,10 @@ class Keys:
     def observations(self, job_id: str) -> bytes:
         """A job's observation profile."""
         return self._key(Kind.OBSERVATIONS, job_id)
+
+    def timeline(self, job_id: str) -> bytes:
+        """A job's timeline (`pb.JobTimeline`)."""
+        return self._key(Kind.TIMELINES, job_id)
 
     def allocation(self, job_id: str) -> bytes:
         """A job's allocation (what launchers watch)."""

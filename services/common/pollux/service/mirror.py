@@ -25,7 +25,7 @@ import bisect
 import contextlib
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -83,6 +83,25 @@ class JobSummary:
             return False
         mine = dict(self.labels)
         return all(mine.get(k) == v for k, v in labels.items())
+
+
+def named(summaries: Iterable[JobSummary], text: str, owner: str | None) -> list[JobSummary]:
+    """The jobs `text` can mean, newest first (a job reference of the API).
+
+    The job with that id; else those whose id starts with it (``3f9a`` matches ``j-3f9a…``
+    too); else those with that name. Only jobs of `owner` when given (a user names only their own).
+    """
+    visible = [j for j in summaries if owner is None or j.owner == owner]
+    rules: tuple[Callable[[JobSummary], bool], ...] = (
+        lambda j: j.order[1] == text,
+        lambda j: j.order[1].startswith(text) or j.order[1].startswith("j-" + text),
+        lambda j: j.name == text,
+    )
+    for matches in rules:
+        found = [j for j in visible if matches(j)]
+        if found:
+            return sorted(found, key=lambda j: j.order, reverse=True)
+    return []
 
 
 TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
@@ -283,19 +302,31 @@ class ClusterMirror:
         after: tuple[int, str] | None,
         limit: int,
         owner: str | None = None,
+        newest_first: bool = False,
     ) -> tuple[list[bytes], bool]:
-        """The next `limit` matching jobs' keys in creation order, and whether more match.
+        """The next `limit` matching jobs' keys in listing order, and whether more match.
 
-        `after` is the (creation ns, id) of the last job of the previous page (None: first).
+        `after` is the (creation ns, id) of the last job of the previous page (None: first);
+        with `newest_first` the walk goes from the newest job backwards.
         """
-        start = 0 if after is None else bisect.bisect_right(self._order, (after, b"\xff"))
+        walk: Iterable[tuple[tuple[int, str], bytes]]
+        if newest_first:
+            end = len(self._order) if after is None else bisect.bisect_left(self._order, (after,))
+            walk = (self._order[i] for i in range(end - 1, -1, -1))
+        else:
+            start = 0 if after is None else bisect.bisect_right(self._order, (after, b"\xff"))
+            walk = itertools.islice(self._order, start, None)
         keys: list[bytes] = []
-        for _, key in itertools.islice(self._order, start, None):
+        for _, key in walk:
             if self.summaries[key].matches(states, name_prefix, labels, owner):
                 if len(keys) == limit:
                     return keys, True
                 keys.append(key)
         return keys, False
+
+    def named(self, text: str, owner: str | None = None) -> list[JobSummary]:
+        """The jobs `text` can mean (module function `named`), newest first."""
+        return named(self.summaries.values(), text, owner)
 
     async def start(self) -> None:
         """Start following etcd; returns once every prefix is listed."""

@@ -337,12 +337,14 @@ def decode(cls: type[M], data: bytes, key: bytes) -> M:
 def side_state_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
     """Deletes of everything stored for a job besides its record.
 
-    That is its idempotency key, model, observation profile, allocation and replica statuses.
+    That is its idempotency key, model, observation profile, timeline, allocation and replica
+    statuses.
     """
     return [
         Delete(keys.request(job.request_id)),
         Delete(keys.model(job.id)),
         Delete(keys.observations(job.id)),
+        Delete(keys.timeline(job.id)),
         Delete(keys.allocation(job.id)),
         Delete(keys.replicas_of(job.id), prefix=True),
     ]
@@ -889,6 +891,10 @@ class Store:
         """A job's latest model."""
         return await self.get(self.keys.model(job_id), pb.JobModel)
 
+    async def get_timeline(self, job_id: str) -> Entry[pb.JobTimeline] | None:
+        """A job's timeline; None before its first point."""
+        return await self.get(self.keys.timeline(job_id), pb.JobTimeline)
+
     async def get_profile(self, job_id: str) -> Entry[pb.ObservationProfile] | None:
         """A job's observation profile."""
         return await self.get(self.keys.observations(job_id), pb.ObservationProfile)
@@ -899,10 +905,12 @@ class Store:
         model: pb.JobModel | None,
         *,
         expected: int,
+        timeline: pb.JobTimeline | None = None,
     ) -> int:
-        """Write a job's profile (read at `expected`; 0 = new) and, if given, its model, atomically.
+        """Write a job's profile (read at `expected`; 0 = new), its model and timeline, at once.
 
-        Only while the job exists: a deleted job's agent cannot resurrect its keys.
+        Model and timeline only when given. Only while the job exists: a deleted job's agent
+        cannot resurrect its keys.
 
         Raises:
             Conflict: The profile changed since `expected`, or the job is gone (nothing written).
@@ -913,6 +921,8 @@ class Store:
         ops: list[Put | Delete] = [Put(k.observations(profile.job_id), profile.SerializeToString())]
         if model is not None:
             ops.append(Put(k.model(profile.job_id), model.SerializeToString()))
+        if timeline is not None:
+            ops.append(Put(k.timeline(profile.job_id), timeline.SerializeToString()))
         compare = [_compare_mod(Expect(k.observations(profile.job_id), expected))]
         compare.append(
             rpc.Compare(

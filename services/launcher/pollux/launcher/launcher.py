@@ -938,11 +938,11 @@ class Launcher:
         chosen = [r for r in self._replicas.values() if not job_id or r.job_id == job_id]
         return sorted(chosen, key=lambda r: (-r.generation, r.job_id, r.rank))
 
-    def find(self, job_id: str, rank: int) -> Replica | None:
-        """The newest replica of (job, rank) on this node, or None."""
+    def find(self, job_id: str, rank: int, min_generation: int = 0) -> Replica | None:
+        """The newest replica of (job, rank) on this node, if of `min_generation` or newer."""
         for replica in self.replicas(job_id):
             if replica.rank == rank:
-                return replica
+                return replica if replica.generation >= min_generation else None
         return None
 
 

@@ -22,6 +22,7 @@ container outlive its status.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import errno
 import itertools
@@ -30,7 +31,7 @@ import shutil
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -73,10 +74,13 @@ class LogRing:
 
     Lines are numbered from 0 in arrival order; a follower keeps a cursor (the number of the
     next line it wants) and, when it falls behind the ring, skips to the oldest retained line.
+    Each line's arrival time is kept beside it, so a reader can ask for the lines since a time.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, clock: Callable[[], float] = time.time) -> None:
         self._lines: deque[str] = deque(maxlen=capacity)
+        self._times: deque[float] = deque(maxlen=capacity)
+        self._clock = clock
         self._next = 0
         self._closed = False
         self._changed = asyncio.Event()
@@ -89,6 +93,7 @@ class LogRing:
     def append(self, line: str) -> None:
         """Add a line and wake followers."""
         self._lines.append(line)
+        self._times.append(self._clock())
         self._next += 1
         self._wake()
 
@@ -101,9 +106,15 @@ class LogRing:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def tail(self, count: int) -> tuple[list[str], int]:
-        """The last `count` retained lines (0: all) and the cursor after them."""
+    def tail(self, count: int, since: float | None = None) -> tuple[list[str], int]:
+        """The last `count` retained lines (0: all) and the cursor after them.
+
+        With `since`, only lines that arrived at or after that time (seconds since the epoch).
+        """
         lines = list(self._lines)
+        if since is not None:
+            # Arrival times never decrease (one clock, appended in order): bisect them.
+            lines = lines[bisect.bisect_left(self._times, since) :]
         if count:
             lines = lines[-count:]
         return lines, self._next

@@ -49,14 +49,16 @@ class LauncherServicer:
         problems = Violations()
         problems.check(bool(request.job_id), "job_id", "required: the job whose log to stream")
         problems.raise_if_any()
-        replica = self._launcher.find(request.job_id, request.rank)
+        replica = self._launcher.find(request.job_id, request.rank, request.min_generation)
         if replica is None:
+            newer = f" of generation >= {request.min_generation}" if request.min_generation else ""
             raise NotFound(
-                f"no replica of job {shown(request.job_id)} with rank {request.rank} on node "
-                f"{self._launcher.node_name!r}; ListReplicas shows the ones here"
+                f"no replica{newer} of job {shown(request.job_id)} with rank {request.rank} on "
+                f"node {self._launcher.node_name!r}; ListReplicas shows the ones here"
             )
         annotate(rank=request.rank, generation=replica.generation, follow=request.follow)
-        lines, cursor = replica.log.tail(request.tail_lines)
+        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+        lines, cursor = replica.log.tail(request.tail_lines, since)
         sent = len(lines)
         # The first message comes at once, even empty: it tells the client the generation.
         for batch in batches(lines) if lines else [[]]:

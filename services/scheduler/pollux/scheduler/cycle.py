@@ -296,7 +296,7 @@ def _reconcile(
     allocation = job.allocation
     if job.cancel_requested:
         _release(job, now, plan)
-        transition(job, S.JOB_STATE_CANCELLED, now, "cancelled by user")
+        transition(job, S.JOB_STATE_CANCELLED, now, f"cancelled by {job.cancel_reason or 'user'}")
         return True
     if not allocation.nodes:
         return False

@@ -50,10 +50,10 @@ class LauncherLogs:
                 return []  # a dead node cannot serve the log either; the others may
         return [r.generation for r in response.replicas if r.job_id == job_id and r.rank == rank]
 
-    async def _address(self, job: pb.Job, rank: int) -> str:
+    async def _address(self, job: pb.Job, rank: int, min_generation: int) -> str:
         nodes, _ = await self.store.list_nodes()
         addresses = {e.value.name: e.value.address for e in nodes}
-        if rank < len(job.allocation.nodes):
+        if rank < len(job.allocation.nodes) and job.allocation.generation >= min_generation:
             name = job.allocation.nodes[rank]
             if name not in addresses:
                 raise Unavailable(f"node {name} of rank {rank} of job {job.id} is not registered")
@@ -61,12 +61,15 @@ class LauncherLogs:
         best: tuple[int, str] | None = None
         for address in addresses.values():
             for generation in await self._generations(address, job.id, rank):
+                if generation < min_generation:
+                    continue
                 if best is None or generation > best[0]:
                     best = (generation, address)
         if best is None:
             held = len(job.allocation.nodes)
+            newer = f" of generation >= {min_generation}" if min_generation else ""
             raise NotFound(
-                f"no replica of rank {rank} of job {job.id} on any node "
+                f"no replica{newer} of rank {rank} of job {job.id} on any node "
                 f"(the job holds {held} GPU{'s' if held != 1 else ''} now)"
             )
         return best[1]
@@ -75,7 +78,7 @@ class LauncherLogs:
         self, job: pb.Job, request: lpb.StreamLogsRequest
     ) -> AsyncIterator[lpb.StreamLogsResponse]:
         """The launcher's stream of that replica's log."""
-        address = await self._address(job, request.rank)
+        address = await self._address(job, request.rank, request.min_generation)
         async with self._channel(address) as channel:
             call = lpb_grpc.LauncherServiceStub(channel).StreamLogs(request)
             try:

@@ -32,10 +32,16 @@ from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
 from pollux.scheduler.logs import LauncherLogs
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service import auth
-from pollux.service.errors import FailedPrecondition, InvalidArgument, NotFound, shown
+from pollux.service.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    shown,
+)
 from pollux.service.keys import Kind
-from pollux.service.mirror import ClusterMirror
-from pollux.service.store import Conflict, Snapshot, Store, decode
+from pollux.service.mirror import ClusterMirror, JobSummary, named
+from pollux.service.store import Conflict, Entry, Snapshot, Store, decode
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -43,6 +49,12 @@ from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+MAX_JOB_REF = 128
+"""Longest text taken as a job reference (ids are 12 characters, names at most 63)."""
+AMBIGUOUS_SHOWN = 10
+"""Candidates an ambiguous job reference's error lists."""
+MAX_REASON = 500
+"""Longest cancel reason kept (the job record is bounded; see Job.cancel_reason)."""
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 """A ListJobs page ends before this many bytes of jobs (gRPC's default limit is 4 MiB): a
 page holds `page_size` jobs or fewer, and always at least one."""
@@ -50,6 +62,16 @@ page holds `page_size` jobs or fewer, and always at least one."""
 
 def _page_token(job: pb.Job) -> str:
     return base64.urlsafe_b64encode(f"{job.create_time.ToNanoseconds()}/{job.id}".encode()).decode()
+
+
+def cancel_reason(caller: str, reason: str) -> str:
+    """``caller: reason`` as one printable line of at most `MAX_REASON` characters.
+
+    It ends up in the job's history, which the CLI prints line by line.
+    """
+    text = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+    said = f"{caller}: {text}" if text else caller
+    return said if len(said) <= MAX_REASON else said[: MAX_REASON - 1] + "…"
 
 
 def _order(job: pb.Job) -> tuple[int, str]:
@@ -84,9 +106,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     ) -> None:
         self.store = store
         self.params = params
+        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.forecaster = forecaster
         """The replica's completion-time forecasts (None: time left on current GPUs only)."""
-        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.logs = LauncherLogs(store, store.tls)
         self.warnings = warnings
         self.mirror = mirror
@@ -112,12 +134,56 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         """The job and its revision, if the caller may do `action` on it."""
         check_person(auth.current(), action)
         if not job_id:
-            raise InvalidArgument([("job_id", "required")])
-        entry = await self.store.get_job(job_id)
+            raise InvalidArgument([("job_id", "required: a job id, a unique prefix or a name")])
+        entry = await self.store.get_job(job_id) if len(job_id) <= MAX_JOB_REF else None
         if entry is None:
-            raise NotFound(f"job {shown(job_id)} not found (pollux-cli ls lists jobs)")
+            entry = await self._named(job_id)
         check_job(auth.current(), entry.value, action)
         return entry.value, entry.mod_revision
+
+    async def _named(self, text: str) -> Entry[pb.Job]:
+        """The one job `text` names as a unique id prefix or name (mirror.named's rule).
+
+        Raises:
+            NotFound: It names none of the caller's jobs.
+            InvalidArgument: It names several; the message lists the newest of them.
+        """
+        owner = owner_filter(auth.current())
+        found: list[JobSummary] = []
+        if len(text) <= MAX_JOB_REF:
+            mirror = self.mirror
+            if (
+                mirror is not None
+                and mirror.ready
+                and await mirror.jobs.wait_for(self.store.jobs_written, 2.0)
+            ):
+                found = mirror.named(text, owner)
+            else:
+                listed, _ = await self.store.list_jobs()
+                found = named(map(JobSummary.of, (e.value for e in listed)), text, owner)
+        if len(found) > 1:
+            shown_ = ", ".join(
+                f"{j.order[1]} ({j.name}, {S.Name(j.state).removeprefix('JOB_STATE_')})"
+                for j in found[:AMBIGUOUS_SHOWN]
+            )
+            more = (
+                f" and {len(found) - AMBIGUOUS_SHOWN} more" if len(found) > AMBIGUOUS_SHOWN else ""
+            )
+            raise InvalidArgument(
+                [
+                    (
+                        "job_id",
+                        f"{shown(text)} matches {len(found)} jobs: {shown_}{more}; "
+                        "use the id (or more of it)",
+                    )
+                ]
+            )
+        entry = await self.store.get_job(found[0].order[1]) if found else None
+        if entry is None:
+            raise NotFound(
+                f"no job has the id, id prefix or name {shown(text)} (pollux-cli ls lists jobs)"
+            )
+        return entry
 
     async def SubmitJob(
         self, request: spb.SubmitJobRequest, context: Context
@@ -226,7 +292,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def _select(
         self, request: spb.ListJobsRequest, after: tuple[int, str] | None, size: int
     ) -> tuple[list[pb.Job], bool]:
-        """Up to `size` matching jobs in creation order after `after`; and whether more match.
+        """Up to `size` matching jobs in listing order after `after`; and whether more match.
 
         From the replica's mirror index when it has one (only the page's records are read
         from etcd, so a page costs the same at any number of finished jobs), else by reading
@@ -235,6 +301,14 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         """
         states, labels = {int(s) for s in request.states}, dict(request.labels)
         owner = owner_filter(auth.current())
+        if request.owner:
+            if owner is not None and request.owner != owner:
+                raise PermissionDenied(
+                    f"{owner} may list only their own jobs, not {shown(request.owner)}'s "
+                    "(leave owner empty, or ask an admin)"
+                )
+            owner = request.owner
+        newest = request.newest_first
         mirror = self.mirror
         if (
             mirror is not None
@@ -248,17 +322,18 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 after=after,
                 limit=size,
                 owner=owner,
+                newest_first=newest,
             )
             entries = await self.store.get_many(keys, pb.Job)
             return [e.value for e in entries if e is not None], more
         listed, _ = await self.store.list_jobs()
         selected = [
             j
-            for j in sorted((e.value for e in listed), key=_order)
+            for j in sorted((e.value for e in listed), key=_order, reverse=newest)
             if (not states or j.state in states)
             and j.spec.name.startswith(request.name_prefix)
             and all(j.spec.labels.get(k) == v for k, v in labels.items())
-            and (after is None or _order(j) > after)
+            and (after is None or (_order(j) < after if newest else _order(j) > after))
             and (owner is None or j.owner == owner)
         ]
         return selected[:size], len(selected) > size
@@ -277,6 +352,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                     "nothing to cancel"
                 )
             job.cancel_requested = True
+            job.cancel_reason = cancel_reason(auth.current().name, request.reason)
             try:
                 await self.store.update_job(job, expected=revision)
             except Conflict:
@@ -286,7 +362,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             log.info("job_cancel_requested", job_id=job.id, reason=shown(request.reason, 200))
             await self._leader_metadata(context)
             return spb.CancelJobResponse(job=redacted(job))
-        raise Conflict(self.store.keys.job(request.job_id))
+        raise Conflict(self.store.keys.job(job.id))
 
     async def DeleteJob(
         self, request: spb.DeleteJobRequest, context: Context
@@ -310,39 +386,52 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         check_person(caller, "WatchJobs")
         owner = owner_filter(caller)
         if request.job_id:
-            await self._job(request.job_id, "WatchJobs")
+            async for response in self._watch_one(request.job_id):
+                yield response
+            return
         entries, revision = await self.store.list_jobs()
         last: dict[bytes, pb.Job] = {}
         for entry in sorted(entries, key=lambda e: _order(e.value)):
-            if request.job_id and entry.value.id != request.job_id:
-                continue
             if owner is not None and entry.value.owner != owner:
                 continue
             last[self.store.keys.job(entry.value.id)] = entry.value
             yield spb.WatchJobsResponse(job=redacted(entry.value))
-        if request.job_id and not last:
-            raise NotFound(f"job {shown(request.job_id)} not found")
-        prefix = (
-            self.store.keys.job(request.job_id)
-            if request.job_id
-            else self.store.keys.prefix(Kind.JOBS)
-        )
-        async for event in self.store.watch(prefix, start_revision=revision + 1):
-            if request.job_id and event.key != self.store.keys.job(request.job_id):
-                continue
+        async for event in self.store.watch(
+            self.store.keys.prefix(Kind.JOBS), start_revision=revision + 1
+        ):
             if event.value is None:
                 if event.key not in last and owner is not None:
                     continue  # not a job this caller saw
                 previous = last.pop(event.key, pb.Job(id=event.key.decode().rsplit("/", 1)[-1]))
                 yield spb.WatchJobsResponse(job=redacted(previous), deleted=True)
-                if request.job_id:
-                    return
                 continue
             job = decode(pb.Job, event.value, event.key)
             if owner is not None and job.owner != owner:
                 continue
             last[event.key] = job
             yield spb.WatchJobsResponse(job=redacted(job))
+
+    async def _watch_one(self, reference: str) -> AsyncIterator[spb.WatchJobsResponse]:
+        """One job (id, prefix or name), then each change, until it is deleted.
+
+        Read with its key alone (a ranged read of the one key gives the store revision to
+        watch from), so following a job costs the same at any number of jobs.
+        """
+        job, _ = await self._job(reference, "WatchJobs")
+        key = self.store.keys.job(job.id)
+        entries, revision = await self.store.scan(key, pb.Job)
+        current = next((e.value for e in entries if e.value.id == job.id), None)
+        if current is None:
+            raise NotFound(f"job {job.id} not found (deleted)")
+        yield spb.WatchJobsResponse(job=redacted(current))
+        async for event in self.store.watch(key, start_revision=revision + 1):
+            if event.key != key:
+                continue
+            if event.value is None:
+                yield spb.WatchJobsResponse(job=redacted(current), deleted=True)
+                return
+            current = decode(pb.Job, event.value, event.key)
+            yield spb.WatchJobsResponse(job=redacted(current))
 
     async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
         """The job, its part of the latest decision that included it, its model."""
@@ -543,6 +632,16 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         job, _ = await self._job(request.job_id, "StreamLogs")
         async for response in self.logs.stream(job, request):
             yield response
+
+    async def GetJobTimeline(
+        self, request: spb.GetJobTimelineRequest, context: Context
+    ) -> spb.GetJobTimelineResponse:
+        """The job's timeline as its agent recorded it (empty before its first report)."""
+        job, _ = await self._job(request.job_id, "GetJobTimeline")
+        entry = await self.store.get_timeline(job.id)
+        timeline = entry.value if entry is not None else pb.JobTimeline()
+        timeline.job_id = job.id
+        return spb.GetJobTimelineResponse(timeline=timeline)
 
 
 _GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)
