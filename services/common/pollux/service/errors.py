@@ -63,9 +63,11 @@ class InvalidArgument(ServiceError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, violations: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, violations: list[tuple[str, str]], headline: str = "invalid request"
+    ) -> None:
         text = "; ".join(f"{f}: {p}" for f, p in violations)
-        super().__init__(f"invalid request: {text}")
+        super().__init__(f"{headline}: {text}")
         self.violations = violations
 
 

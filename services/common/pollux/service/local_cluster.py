@@ -211,6 +211,16 @@ class LocalCluster:
         )
         return grpc.secure_channel(address, credentials)
 
+    def etcd_tls(self) -> TlsFiles | None:
+        """An operator's TLS files for etcd; None on an insecure cluster.
+
+        For tools that write etcd directly, such as benchmarks seeding many records.
+        """
+        if not self.secure:
+            return None
+        identity = self._identity("operator")
+        return TlsFiles(self.pki_dir / "ca.pem", identity.cert, identity.key)
+
     async def _bootstrap_admin(self) -> str:
         identity = self._identity("pollux-up")
         tls = TlsFiles(self.pki_dir / "ca.pem", identity.cert, identity.key)

@@ -333,7 +333,14 @@ class ClusterMirror:
         self._tasks = [
             asyncio.create_task(m.run(self.store), name=f"mirror-{m.kind}") for m in self._mirrors
         ]
+        started = asyncio.get_running_loop().time()
         await asyncio.gather(*(m.ready.wait() for m in self._mirrors))
+        log.info(
+            "mirror_ready",
+            jobs=len(self.summaries),
+            active_jobs=len(self.jobs.entries),
+            seconds=round(asyncio.get_running_loop().time() - started, 3),
+        )
 
     async def stop(self) -> None:
         """Stop following.

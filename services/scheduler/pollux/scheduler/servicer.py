@@ -176,7 +176,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                         f"{shown(text)} matches {len(found)} jobs: {shown_}{more}; "
                         "use the id (or more of it)",
                     )
-                ]
+                ],
+                headline="ambiguous job reference",
             )
         entry = await self.store.get_job(found[0].order[1]) if found else None
         if entry is None:
