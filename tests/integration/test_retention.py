@@ -54,6 +54,7 @@ async def run_to_success(replica: Replica, store: Store, request_id: str) -> pb.
     await store.put_replica_status(status)
     await store.put(store.keys.model(job.id), pb.JobModel(job_id=job.id))
     await store.put(store.keys.observations(job.id), pb.ObservationProfile(job_id=job.id))
+    await store.put(store.keys.timeline(job.id), pb.JobTimeline(job_id=job.id))
     return job
 
 
@@ -79,6 +80,7 @@ async def test_a_finished_jobs_side_state_goes_after_the_grace_and_its_record_af
         await eventually(swept, 15, "the finished job's side state to go")
         kept = (await replica.stub.GetJob(spb.GetJobRequest(job_id=done.id))).job
         assert kept.state == pb.JOB_STATE_SUCCEEDED, "the record stays queryable until retention"
+        assert await store.get_timeline(done.id) is not None, "and so does its timeline"
 
         async def record_gone() -> bool:
             try:
@@ -88,6 +90,7 @@ async def test_a_finished_jobs_side_state_goes_after_the_grace_and_its_record_af
             return False
 
         await eventually(record_gone, 15, "the record to expire")
+        assert await store.get_timeline(done.id) is None
         assert await store.get(store.keys.job(running.id), pb.Job) is not None
         assert await store.list_keys(store.keys.model(running.id)), "a live job keeps its state"
     finally:

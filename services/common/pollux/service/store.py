@@ -337,17 +337,22 @@ def decode(cls: type[M], data: bytes, key: bytes) -> M:
 def side_state_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
     """Deletes of everything stored for a job besides its record.
 
-    That is its idempotency key, model, observation profile, timeline, allocation and replica
-    statuses.
+    That is its idempotency key, model, observation profile, allocation and replica statuses:
+    what serves a running job. Its timeline is not: it is the finished job's picture, and goes
+    with the record (`record_deletes`).
     """
     return [
         Delete(keys.request(job.request_id)),
         Delete(keys.model(job.id)),
         Delete(keys.observations(job.id)),
-        Delete(keys.timeline(job.id)),
         Delete(keys.allocation(job.id)),
         Delete(keys.replicas_of(job.id), prefix=True),
     ]
+
+
+def record_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
+    """Deletes of a job's record and what lives as long as it (its timeline)."""
+    return [Delete(keys.job(job.id)), Delete(keys.timeline(job.id))]
 
 
 class _TlsClient(aetcd.Client):  # type: ignore[misc]
@@ -867,7 +872,7 @@ class Store:
         """Delete a job with its request index, model, observations, allocation and replicas."""
         k = self.keys
         await self.txn(
-            [Delete(k.job(job.id)), *side_state_deletes(k, job)],
+            [*record_deletes(k, job), *side_state_deletes(k, job)],
             expect=[Expect(k.job(job.id), expected)],
         )
 

@@ -8,8 +8,9 @@ grows with it, until etcd's quota stops the cluster. The leader sweeps every
   model, observation profile, allocation and idempotency key (`store.side_state_deletes`). The
   grace lets a launcher's late exit report land and lets `describe` show the last replicas for
   a while; a SubmitJob retried after it creates a new job;
-- a job that ended more than `retention_days` ago loses its record too, so GetJob answers
-  NOT_FOUND from then on; until then it stays queryable.
+- a job that ended more than `retention_days` ago loses its record and its timeline too
+  (`store.record_deletes`), so GetJob answers NOT_FOUND from then on; until then it stays
+  queryable, and its timeline can be plotted.
 
 The plan is a pure function of the job records and the clock (`plan_sweep`); `sweep` applies
 it in fenced transactions (a deposed leader deletes nothing), each conditional on the record's
@@ -33,6 +34,7 @@ from pollux.service.store import (
     Fence,
     Put,
     Store,
+    record_deletes,
     side_state_deletes,
 )
 from pollux.v1 import types_pb2 as pb
@@ -126,7 +128,7 @@ async def _apply(store: Store, batch: list[tuple[Entry[pb.Job], bool]], fence: F
     for entry, expired in batch:
         ops.extend(side_state_deletes(keys, entry.value))
         if expired:
-            ops.append(Delete(keys.job(entry.value.id)))
+            ops.extend(record_deletes(keys, entry.value))
         expect.append(Expect(keys.job(entry.value.id), entry.mod_revision))
     try:
         await store.txn(ops, expect=expect, fence=fence)
