@@ -24,6 +24,7 @@ from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy
 from pollux.scheduler import accounting
 from pollux.scheduler.accounting import day_of
+from pollux.scheduler.cluster_metrics import CLUSTER
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import KnownJob, Recorded, RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
@@ -169,10 +170,12 @@ class Scheduler:
 
     async def run(self) -> None:
         """Mirror the cluster; campaign, lead, and campaign again after a loss; until cancelled."""
+        CLUSTER.add(self.mirror)
         try:
             await self.mirror.start()
             await self._campaign_forever()
         finally:
+            CLUSTER.remove(self.mirror)
             await self.mirror.stop()
 
     async def _campaign_forever(self) -> None:
