@@ -237,11 +237,16 @@ class Problem:
                 else "pending: every free GPU is worth more to other jobs"
             )
         elif not changed:
-            reason = f"unchanged: {k_new} GPUs on {n_new} node(s)"
+            reason = f"unchanged: {_count(k_new, 'GPU')} on {_count(n_new, 'node')}"
         elif k_old == 0:
-            reason = f"started on {k_new} GPUs across {n_new} node(s)"
+            reason = f"started on {_count(k_new, 'GPU')} across {_count(n_new, 'node')}"
         elif k_old != k_new:
-            reason = f"scaled {k_old} → {k_new} GPUs ({n_new} node(s))"
+            reason = f"scaled {k_old} → {k_new} GPU{'s' * (k_new != 1)} ({_count(n_new, 'node')})"
         else:
-            reason = f"re-placed: {k_new} GPUs now on {n_new} node(s)"
+            reason = f"re-placed: {_count(k_new, 'GPU')} now on {_count(n_new, 'node')}"
         return reason
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 GPU``, ``2 GPUs``: what a person reads in a job's history."""
+    return f"{n} {noun}{'s' if n != 1 else ''}"
