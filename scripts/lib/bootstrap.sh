@@ -75,6 +75,14 @@ ensure_venv() {
   fi
 }
 
+ensure_zsh() {
+  # pollux-cli's zsh completion is tested in a real zsh (tests/unit/test_cli_completion.py).
+  # Best effort: without zsh those tests are skipped and the rest of the suite still runs.
+  command -v zsh >/dev/null && return 0
+  echo "==> installing zsh (Debian package) for the shell completion tests" >&2
+  apt_install zsh || echo "warning: zsh not installed; its completion tests are skipped" >&2
+}
+
 ensure_etcd() {
   # The control plane keeps its state in etcd; tests and the local cluster run a real one.
   if ! command -v etcd >/dev/null; then

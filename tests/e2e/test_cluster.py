@@ -79,7 +79,7 @@ def test_jobs_complete_through_leader_failover(cluster: LocalCluster, tmp_path: 
         "submit",
         "--name",
         "counter-cli",
-        "--batch-size",
+        "--initial-batch-size",
         "32",
         "--max-batch-size",
         "256",

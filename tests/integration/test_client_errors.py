@@ -440,7 +440,7 @@ def test_cli_prints_one_line_per_field_violation_and_exits_1(scheduler, capsys):
 def test_cli_reports_an_unreachable_server_in_one_line(capsys):
     assert cli.main(["--server", free_port_address(), "--timeout", "2", "nodes"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: no Pollux scheduler could serve the request")
+    assert err.startswith("error: no scheduler at 127.0.0.1:")
     assert err.count("\n") == 1
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pollux.client import cli
+from pollux.client.client import LogChunk
 from pollux.client.config import resolve
 from pollux.client.errors import (
     FailedPreconditionError,
@@ -31,6 +32,7 @@ from pollux.client.types import (
     Mount,
     NodeStatus,
 )
+from pollux.v1 import admin_service_pb2 as apb
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -98,9 +100,14 @@ class FakeClient:
         node = NodeStatus("n1", "10.0.0.1:7071", 4, "cpu-slot", {}, T0, 1, ("j-2",))
         return ClusterStatus((node,), (), "s-a", "10.0.0.1:7070", 4, 1, {"RUNNING": 1}, 9, "s-a")
 
-    def logs(self, job_id: str, rank: int = 0, **kwargs: Any) -> Any:
-        self._record("logs", job_id, rank, **kwargs)
-        yield from ["line one", "line two"]
+    def log_chunks(self, job_id: str, rank: int = 0, **kwargs: Any) -> Any:
+        self._record("log_chunks", job_id, rank, **kwargs)
+        yield LogChunk(1, ("line one",))
+        yield LogChunk(1, ("line two",))
+
+    def whoami(self) -> Any:
+        self._record("whoami")
+        return apb.WhoAmIResponse(name="alice", role="user")
 
 
 @pytest.fixture
@@ -314,7 +321,7 @@ def test_submit_with_a_missing_file(fake, tmp_path, capsys):
 
 def test_ls_passes_filters(fake, capsys):
     argv = ["--state", "running", "--state", "PENDING", "--name-prefix", "tr", "--label", "team=a"]
-    assert run(fake, "ls", *argv) == 0
+    assert run(fake, "ls", *argv, "--limit", "5") == 0
     assert fake.calls == [
         (
             "list_jobs",
@@ -323,6 +330,9 @@ def test_ls_passes_filters(fake, capsys):
                 "states": ["RUNNING", "PENDING"],
                 "name_prefix": "tr",
                 "labels": {"team": "a"},
+                "newest_first": True,
+                "owner": "",
+                "limit": 6,
             },
         )
     ]
@@ -352,9 +362,39 @@ def test_describe(fake, capsys):
 
 
 def test_logs(fake, capsys):
-    assert run(fake, "logs", "j-7", "--rank", "2", "-f", "--tail", "10") == 0
-    assert fake.calls == [("logs", ("j-7", 2), {"follow": True, "tail_lines": 10})]
+    assert run(fake, "logs", "j-7", "--rank", "2", "--tail", "10") == 0
+    assert fake.calls == [("log_chunks", ("j-7", 2), {"tail_lines": 10, "since": None})]
     assert capsys.readouterr().out == "line one\nline two\n"
+
+
+def test_ls_shows_a_screenful_newest_first_and_says_when_it_left_jobs_out(
+    fake, capsys, monkeypatch
+):
+    monkeypatch.setenv("LINES", "6")  # a screenful is then the minimum, 5 jobs
+    monkeypatch.setattr(
+        fake,
+        "list_jobs",
+        lambda **kw: (fake._record("list_jobs", **kw), iter(a_job(f"j-{i}") for i in range(9)))[1],
+    )
+    assert run(fake, "ls") == 0
+    assert fake.calls[0][2]["limit"] == 6
+    assert fake.calls[0][2]["newest_first"] is True
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 + 5
+    assert "--limit N or --all" in err
+
+
+def test_ls_all_and_mine(fake, capsys):
+    assert run(fake, "ls", "--all", "--mine") == 0
+    assert fake.calls[0] == ("whoami", (), {})
+    assert fake.calls[1][2]["owner"] == "alice"
+    assert fake.calls[1][2]["limit"] is None
+    assert capsys.readouterr().err == ""
+
+
+def test_ls_user_and_mine_exclude_each_other(fake, capsys):
+    assert run(fake, "ls", "--mine", "--user", "bob") == 2
+    assert fake.calls == []
 
 
 def test_cancel_with_reason(fake, capsys):

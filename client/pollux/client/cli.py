@@ -4,25 +4,37 @@ A thin layer: parse arguments, call `pollux.client.Client`, format the result
 with `pollux.client.format`. Exit codes: 0 success, 1 an error reported by the client or server
 (``error: <message>`` on stderr, one indented line per offending field), 2 a usage error,
 130 interrupted with Ctrl-C.
+
+A setting of a job has one name: the job-file key, which is also the flag with dashes
+(`_SPEC_FLAGS`) and the name errors use. ``pollux-cli completion bash|zsh`` prints a shell
+completion script made from this parser (`pollux.client.completion`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from importlib import metadata
+from typing import Any, NamedTuple
 
 import grpc
 
-from pollux.client import cli_admin
+from pollux.client import cli_admin, cli_jobs, completion
 from pollux.client import format as fmt
 from pollux.client.client import Client
-from pollux.client.config import DEFAULT_SERVER, ConfigFileError, resolve
-from pollux.client.errors import InvalidArgumentError, PolluxError
+from pollux.client.config import (
+    DEFAULT_SERVER,
+    ConfigFileError,
+    ServerAddressError,
+    parse_servers,
+    resolve,
+)
+from pollux.client.errors import InvalidArgumentError, PolluxError, UnreachableError
 from pollux.client.types import (
     JOB_STATES,
     SCALING_RULES,
@@ -39,20 +51,110 @@ EXIT_INTERRUPTED = 130
 
 Connect = Callable[[argparse.Namespace], Client]
 
-# Submit flags that set one JobSpec key each: (flag, key, type, help).
-_SPEC_FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
-    ("--name", "name", str, "job name: 1-63 of [a-z0-9-], starting with a letter"),
-    ("--batch-size", "initial_batch_size", int, "initial total batch size M0 (LR tuned for it)"),
-    ("--max-batch-size", "max_batch_size", int, "largest total batch (default: M0)"),
-    ("--min-local-batch-size", "min_local_batch_size", int, "smallest per-GPU batch"),
-    ("--max-local-batch-size", "max_local_batch_size", int, "largest per-GPU batch (memory)"),
-    ("--max-replicas", "max_replicas", int, "most GPUs the job may use (default: no limit)"),
-    ("--max-failures", "max_failures", int, "failed replica exits tolerated (default 3)"),
-    ("--stop-grace", "stop_grace_s", int, "seconds from SIGTERM to SIGKILL (default 30)"),
-    ("--workdir", "working_dir", str, "working directory of every replica"),
-    ("--image", "image", str, "OCI image the replicas run in (the launcher needs a runtime)"),
-    ("--shm-size", "shm_size_mb", int, "container /dev/shm size in MiB (default: runtime's)"),
+
+class SpecFlag(NamedTuple):
+    """A job-file key that a flag of `submit`/`estimate` sets: one name for one setting.
+
+    The flag is the key with dashes (`flag`), so a user who knows one knows the other; the
+    API's field path (`api_field`) is translated back to the key in the errors the CLI prints.
+    """
+
+    key: str
+    kind: Callable[[str], Any]
+    help: str
+    api_field: str = ""
+    """Path of the field in the API's JobSpec when it is not ``spec.<key>``."""
+    old_flag: str = ""
+    """A former spelling, still accepted (hidden) with a deprecation warning."""
+
+    @property
+    def flag(self) -> str:
+        """``--initial-batch-size`` for ``initial_batch_size``."""
+        return "--" + self.key.replace("_", "-")
+
+
+# The single table of the spec's flag names, file keys and API field paths.
+_SPEC_FLAGS: tuple[SpecFlag, ...] = (
+    SpecFlag("name", str, "job name: 1-63 of [a-z0-9-], starting with a letter"),
+    SpecFlag(
+        "initial_batch_size",
+        int,
+        "initial total batch size M0 (LR tuned for it)",
+        "spec.batch.initial_batch_size",
+        "--batch-size",
+    ),
+    SpecFlag(
+        "max_batch_size", int, "largest total batch (default: M0)", "spec.batch.max_batch_size"
+    ),
+    SpecFlag(
+        "min_local_batch_size", int, "smallest per-GPU batch", "spec.batch.min_local_batch_size"
+    ),
+    SpecFlag(
+        "max_local_batch_size",
+        int,
+        "largest per-GPU batch (memory)",
+        "spec.batch.max_local_batch_size",
+    ),
+    SpecFlag("max_replicas", int, "most GPUs the job may use (default: no limit)"),
+    SpecFlag("max_failures", int, "failed replica exits tolerated (default 3)"),
+    SpecFlag(
+        "stop_grace_s", int, "seconds from SIGTERM to SIGKILL (default 30)", old_flag="--stop-grace"
+    ),
+    SpecFlag("working_dir", str, "working directory of every replica", old_flag="--workdir"),
+    SpecFlag("image", str, "OCI image the replicas run in (the launcher needs a runtime)"),
+    SpecFlag(
+        "shm_size_mb",
+        int,
+        "container /dev/shm size in MiB (default: runtime's)",
+        old_flag="--shm-size",
+    ),
 )
+
+
+class _DeprecatedFlag(argparse.Action):
+    """A former spelling of a flag: sets the same value and says the new name on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new_flag: str, **kw: Any):
+        super().__init__(option_strings, dest, **kw)
+        self.new_flag = new_flag
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"pollux-cli: warning: {option_string} is deprecated; use {self.new_flag}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+_MAP_ENTRY = re.compile(r"^(env|secret_env|labels)\[(.*)\]$")
+_API_PATH = re.compile(r"\bspec(?:\.[a-z_]+)+")
+
+
+def file_key_path(field: str) -> str:
+    """The job-file key path of an API field path, as the user wrote it.
+
+    ``spec.batch.initial_batch_size`` → ``initial_batch_size``, ``spec.env[A]`` → ``env.A``
+    (as the client's own checks name it); a path outside the spec (``request_id``) is
+    returned as it is.
+    """
+    for flag in _SPEC_FLAGS:
+        api = flag.api_field
+        if api and (field == api or field.startswith((f"{api}.", f"{api}["))):
+            return flag.key + field[len(api) :]
+    if not field.startswith("spec."):
+        return field
+    return _MAP_ENTRY.sub(r"\1.\2", field.removeprefix("spec."))
+
+
+def _file_names(text: str) -> str:
+    """`text` with each API field path in it (``set spec.image too``) named by its file key."""
+    return _API_PATH.sub(lambda m: file_key_path(m.group(0)), text)
 
 
 # ---- argument types --------------------------------------------------------------------------
@@ -106,6 +208,24 @@ def job_state(text: str) -> str:
 
 # ---- parser ----------------------------------------------------------------------------------
 
+DISTRIBUTION = "pollux-client"
+"""The distribution that installs pollux-cli (client/pyproject.toml)."""
+
+# Values to complete for flags that a type function checks instead of `choices`, by dest.
+_COMPLETION_HINTS: dict[str, tuple[str, ...]] = {
+    "state": JOB_STATES,
+    "file": (completion.FILES,),
+    "working_dir": (completion.DIRS,),
+}
+
+
+def version() -> str:
+    """The installed version of the client distribution (what a bug report should quote)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
 
 def _add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], sub: bool) -> None:
     # Subcommands accept the global options too (`pollux-cli ls -o json`); their defaults are
@@ -145,14 +265,22 @@ def _add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], su
 def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     """A job's file and flags (submit, estimate)."""
     p.add_argument("-f", "--file", help="job file: YAML, JSON or TOML with JobSpec keys")
-    for flag, key, kind, help_text in _SPEC_FLAGS:
+    for spec_flag in _SPEC_FLAGS:
+        kind = non_negative_int if spec_flag.kind is int else spec_flag.kind
+        metavar = "N" if spec_flag.kind is int else spec_flag.key.upper()
         p.add_argument(
-            flag,
-            dest=key,
-            type=non_negative_int if kind is int else kind,
-            metavar="N" if kind is int else flag.lstrip("-").upper(),
-            help=help_text,
+            spec_flag.flag, dest=spec_flag.key, type=kind, metavar=metavar, help=spec_flag.help
         )
+        if spec_flag.old_flag:
+            p.add_argument(
+                spec_flag.old_flag,
+                dest=spec_flag.key,
+                type=kind,
+                metavar=metavar,
+                action=_DeprecatedFlag,
+                new_flag=spec_flag.flag,
+                help=argparse.SUPPRESS,
+            )
     p.add_argument("--scaling-rule", choices=SCALING_RULES, help="LR scaling rule")
     p.add_argument(
         "--env", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
@@ -181,6 +309,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         prog="pollux-cli", description="Submit and inspect jobs on a Pollux cluster."
     )
     _add_globals(parser, env, sub=False)
+    parser.add_argument(
+        "--version", action="version", version=f"pollux-cli {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -191,6 +322,18 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     submit = command("submit", "submit a job (flags override the job file)")
     _add_spec_arguments(submit)
     submit.add_argument("--request-id", metavar="ID", help="idempotency key (default: a new UUID)")
+    until_done = submit.add_mutually_exclusive_group()
+    until_done.add_argument(
+        "--follow",
+        action="store_true",
+        help="then stream its state changes and rank 0's log, across rescales, until it ends; "
+        "exit code: 0 succeeded, 3 failed, 4 cancelled",
+    )
+    until_done.add_argument(
+        "--wait",
+        action="store_true",
+        help="then wait until it ends, printing its state changes; exit code as --follow",
+    )
     estimate = command(
         "estimate",
         "predict when a job would complete if submitted now (from an earlier run of the same "
@@ -198,7 +341,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     _add_spec_arguments(estimate)
 
-    ls = command("ls", "list jobs")
+    ls = command("ls", "list jobs, newest first")
     ls.add_argument(
         "--state",
         type=job_state,
@@ -210,6 +353,18 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     ls.add_argument(
         "--label", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
     )
+    whose = ls.add_mutually_exclusive_group()
+    whose.add_argument("--mine", action="store_true", help="only jobs I submitted")
+    whose.add_argument("--user", default="", metavar="USER", help="only USER's jobs (admins)")
+    how_many = ls.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--limit",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="at most N jobs (default: a screenful)",
+    )
+    how_many.add_argument("--all", action="store_true", help="every matching job")
 
     describe = command("describe", "show a job: spec, state, allocation and history")
     describe.add_argument("job", metavar="JOB")
@@ -217,9 +372,22 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     logs = command("logs", "print a replica's log")
     logs.add_argument("job", metavar="JOB")
     logs.add_argument("--rank", type=non_negative_int, default=0, help="replica rank (default 0)")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="follow the job until it ends: every generation's log across rescales and "
+        "restarts, with a marker line at each (waits for a job without a replica yet)",
+    )
     logs.add_argument(
         "--tail", type=non_negative_int, default=0, metavar="N", help="last N lines (0: all)"
+    )
+    logs.add_argument(
+        "--since",
+        type=cli_jobs.since_time,
+        default=None,
+        metavar="DURATION|TIME",
+        help="only lines written since then: 90s, 10m, 2h, 1d, or an ISO 8601 time",
     )
 
     cancel = command("cancel", "stop a job")
@@ -244,6 +412,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         return parent.add_subparsers(**kwargs)
 
     cli_admin.add_commands(command, sub_parsers)
+    shell = command(
+        "completion",
+        "print a shell completion script: source <(pollux-cli completion bash), or zsh",
+    )
+    shell.add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
@@ -258,9 +431,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         JobSpecError: The file or the merged result is not a valid spec.
     """
     data: dict[str, Any] = dict(read_job_file(args.file)) if args.file else {}
-    for _, key, _, _ in _SPEC_FLAGS:
-        if (value := getattr(args, key)) is not None:
-            data[key] = value
+    for spec_flag in _SPEC_FLAGS:
+        if (value := getattr(args, spec_flag.key)) is not None:
+            data[spec_flag.key] = value
     if args.scaling_rule is not None:
         data["scaling_rule"] = args.scaling_rule
     for key, pairs in (("env", args.env), ("labels", args.label)):
@@ -295,9 +468,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _submit(args: argparse.Namespace, client: Client) -> None:
+def _submit(args: argparse.Namespace, client: Client) -> int | None:
     job = client.submit(spec_from_args(args), request_id=args.request_id)
     _emit(args, job, lambda: fmt.submitted_text(job))
+    if args.follow or args.wait:
+        return cli_jobs.follow_job(client, job.id, logs=args.follow, history_from=0)
+    return None
 
 
 def _estimate(args: argparse.Namespace, client: Client) -> None:
@@ -306,12 +482,22 @@ def _estimate(args: argparse.Namespace, client: Client) -> None:
 
 
 def _ls(args: argparse.Namespace, client: Client) -> None:
-    jobs = list(
+    limit = None if args.all else cli_jobs.screenful() if args.limit is None else args.limit
+    owner = client.whoami().name if args.mine else args.user
+    found = list(
         client.list_jobs(
-            states=args.state or None, name_prefix=args.name_prefix, labels=dict(args.label)
+            states=args.state or None,
+            name_prefix=args.name_prefix,
+            labels=dict(args.label),
+            newest_first=True,
+            owner=owner,
+            limit=None if limit is None else limit + 1,
         )
     )
+    jobs = found[:limit]
     _emit(args, jobs, lambda: fmt.jobs_table(jobs, _now()))
+    if limit is not None and len(found) > limit and args.output == "table":
+        print(cli_jobs.more_jobs_hint(limit), file=sys.stderr)
 
 
 def _describe(args: argparse.Namespace, client: Client) -> None:
@@ -320,8 +506,14 @@ def _describe(args: argparse.Namespace, client: Client) -> None:
 
 
 def _logs(args: argparse.Namespace, client: Client) -> None:
-    for line in client.logs(args.job, args.rank, follow=args.follow, tail_lines=args.tail):
-        print(line, flush=args.follow)
+    if args.follow:
+        cli_jobs.follow_job(
+            client, args.job, rank=args.rank, tail_lines=args.tail, since=args.since
+        )
+        return
+    for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
+        for line in chunk.lines:
+            print(line)
 
 
 def _cancel(args: argparse.Namespace, client: Client) -> None:
@@ -365,7 +557,7 @@ def _top(args: argparse.Namespace, client: Client) -> None:
             _print("")
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "submit": _submit,
     "estimate": _estimate,
     "ls": _ls,
@@ -383,25 +575,62 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
 # ---- entry point -----------------------------------------------------------------------------
 
 
-def error_lines(error: PolluxError) -> list[str]:
+_SPEC_COMMANDS = frozenset({"submit", "estimate"})
+"""Commands whose errors name the job-file keys the user wrote, not the API's paths."""
+
+
+def error_lines(error: PolluxError, args: argparse.Namespace | None = None) -> list[str]:
     """``error: <message>`` and one indented ``<field>: <problem>`` line per violation.
 
     A server message that already lists every violation is cut to its headline, so that
-    each problem is printed once.
+    each problem is printed once. For `submit` and `estimate` (given `args`) fields are named
+    by their job-file key (`file_key_path`); a call that reached no scheduler says where the
+    address came from and what to do.
     """
+    if isinstance(error, UnreachableError):
+        return [f"error: {unreachable_message(error, getattr(args, 'server_from', None))}"]
     violations = error.violations if isinstance(error, InvalidArgumentError) else ()
     message = error.message
     if violations and all(f"{f}: {d}" in message for f, d in violations):
         message = message.split(":", 1)[0]
-    return [f"error: {message}", *(f"  {f or '(spec)'}: {d}" for f, d in violations)]
+    lines = [f"error: {message}", *(f"  {f or '(spec)'}: {d}" for f, d in violations)]
+    if getattr(args, "command_name", None) in _SPEC_COMMANDS:
+        lines = [_file_names(line) for line in lines]
+    return lines
+
+
+def unreachable_message(error: UnreachableError, server_from: str | None = None) -> str:
+    """What to do when nothing answers: where the address came from, and how to get one."""
+    origin = server_from or ""
+    if origin and not origin.startswith("the default"):
+        origin = f"from {origin}"
+    notes = "; ".join(n for n in (origin, error.cause) if n)
+    where = ", ".join(error.targets) or "the given address"
+    return (
+        f"no scheduler at {where}{f' ({notes})' if notes else ''}: start one with "
+        f"./scripts/demo or set {SERVER_ENV} (or --server, or a context in "
+        "~/.config/pollux/config.toml)"
+    )
 
 
 def _connect(args: argparse.Namespace) -> Client:
-    """The client of the resolved context (pollux.client.config): flags, env, config file."""
+    """The client of the resolved context (pollux.client.config): flags, env, config file.
+
+    Its address is checked here, so that ``localhost`` (no port) is a usage error naming
+    where it came from rather than a failed dial of port 443.
+    """
+    # --server defaults to $POLLUX_SERVER; pass it as a flag only when it is not that value,
+    # so that errors name the place the user set it.
+    flag = args.server if args.server != os.environ.get(SERVER_ENV) else None
     try:
-        context = resolve(os.environ, server=args.server, context=args.context)
+        context = resolve(os.environ, server=flag, context=args.context)
     except ConfigFileError as error:
         raise ValueError(str(error)) from error
+    try:
+        parse_servers(context.server)
+    except ServerAddressError as error:
+        raise ValueError(f"{context.server_from}: {error}") from error
+    args.server_from = context.server_from
     credentials = None
     if context.ca_file is not None:
         try:
@@ -427,6 +656,9 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         args = parser.parse_args(argv)
     except SystemExit as done:  # --help, or a usage error argparse already printed
         return done.code if isinstance(done.code, int) else EXIT_USAGE
+    if args.command_name == "completion":  # needs no scheduler
+        print(completion.script(parser, args.shell, _COMPLETION_HINTS), end="")
+        return 0
     try:
         client = connect(args)
     except ValueError as error:
@@ -434,9 +666,9 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         return EXIT_USAGE
     try:
         with client:
-            COMMANDS[args.command_name](args, client)
+            code = COMMANDS[args.command_name](args, client)
     except PolluxError as error:
-        print("\n".join(error_lines(error)), file=sys.stderr)
+        print("\n".join(error_lines(error, args)), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -446,7 +678,7 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_ERROR
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Every `grpc.RpcError` leaves this module as a `PolluxError` subclass (see errors
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -25,9 +26,13 @@ from typing import Any, NamedTuple, TypeVar
 import grpc
 
 from pollux.client import _convert
+from pollux.client.config import parse_servers
 from pollux.client.errors import (
     InvalidArgumentError,
+    PolluxError,
     UnavailableError,
+    UnreachableError,
+    connect_failure_cause,
     from_rpc_error,
 )
 from pollux.client.types import (
@@ -62,6 +67,7 @@ IDEMPOTENT_RPCS: frozenset[str] = frozenset(
         "ClusterStatus",
         "WatchJobs",
         "StreamLogs",
+        "GetJobTimeline",
         "WhoAmI",
         "ListTokens",
         "ListTenants",
@@ -102,6 +108,13 @@ def service_config(max_attempts: int = 3) -> str:
     )
 
 
+class LogChunk(NamedTuple):
+    """Lines of a replica's log and the allocation generation of the replica that wrote them."""
+
+    generation: int
+    lines: tuple[str, ...]
+
+
 class JobEvent(NamedTuple):
     """One WatchJobs event: the job after a change, and whether it was deleted."""
 
@@ -113,13 +126,10 @@ def parse_targets(targets: str | Sequence[str]) -> list[str]:
     """Split ``"h1:p1,h2:p2"`` (or a list) into distinct host:port targets, in order.
 
     Raises:
-        ValueError: No target given.
+        ServerAddressError: No target given, or one without a port or with a bad one
+            (`pollux.client.config.parse_servers`; a ValueError).
     """
-    items = targets.split(",") if isinstance(targets, str) else list(targets)
-    out = list(dict.fromkeys(t.strip() for t in items if t.strip()))
-    if not out:
-        raise ValueError("at least one scheduler address (host:port) is required")
-    return out
+    return list(parse_servers(targets if isinstance(targets, str) else ",".join(targets)))
 
 
 class Client:
@@ -225,14 +235,21 @@ class Client:
         name_prefix: str = "",
         labels: Mapping[str, str] | None = None,
         page_size: int = 100,
+        *,
+        newest_first: bool = False,
+        owner: str = "",
+        limit: int | None = None,
     ) -> Iterator[Job]:
-        """Every matching job in creation order, fetching pages as the iterator advances.
+        """Every matching job, fetching pages as the iterator advances.
 
         Args:
             states: Only jobs in these states ("RUNNING", case-insensitive); None means all.
             name_prefix: Only jobs whose name starts with this.
             labels: Only jobs carrying all these labels.
             page_size: Jobs per RPC, 1-1000.
+            newest_first: Newest first instead of creation order.
+            owner: Only this user's jobs ("" = every job the caller may see).
+            limit: Stop after this many jobs (None: all); pages are no larger than needed.
 
         Raises:
             InvalidArgumentError: An unknown state name (raised before any RPC).
@@ -242,15 +259,20 @@ class Client:
             states=numbers,  # type: ignore[arg-type]
             name_prefix=name_prefix,
             labels=dict(labels or {}),
-            page_size=page_size,
+            page_size=page_size if limit is None else max(1, min(page_size, limit)),
+            newest_first=newest_first,
+            owner=owner,
         )
-        return self._pages(request)
+        return self._pages(request, limit)
 
-    def _pages(self, request: spb.ListJobsRequest) -> Iterator[Job]:
-        while True:
+    def _pages(self, request: spb.ListJobsRequest, limit: int | None = None) -> Iterator[Job]:
+        left = limit
+        while left is None or left > 0:
             response: spb.ListJobsResponse = self._unary("ListJobs", request)
-            for job in response.jobs:
+            for job in response.jobs[:left]:
                 yield _convert.job_from_proto(job)
+            if left is not None:
+                left -= len(response.jobs)
             if not response.next_page_token:
                 return
             request.page_token = response.next_page_token
@@ -307,6 +329,55 @@ class Client:
 
     # ---- logs --------------------------------------------------------------------------------
 
+    def log_chunks(
+        self,
+        job_id: str,
+        rank: int = 0,
+        *,
+        follow: bool = False,
+        tail_lines: int = 0,
+        min_generation: int = 0,
+        since: datetime | None = None,
+    ) -> Iterator[LogChunk]:
+        """Log lines of one replica with the generation that wrote them (see `logs`).
+
+        Args:
+            job_id: The job (id, unique id prefix or unique name).
+            rank: Global rank of the replica.
+            follow: Keep streaming new lines until the replica exits.
+            tail_lines: Retained lines to send first; 0 means all retained.
+            min_generation: Only a replica of at least this generation (NotFoundError while
+                none has started): how a follower asks for the next generation.
+            since: Only lines that arrived at or after this time.
+        """
+        if rank < 0 or tail_lines < 0:
+            raise InvalidArgumentError(
+                "rank and tail_lines must be >= 0",
+                None,
+                violations=[("rank" if rank < 0 else "tail_lines", "must be >= 0")],
+            )
+        request = lpb.StreamLogsRequest(
+            job_id=job_id,
+            rank=rank,
+            follow=follow,
+            tail_lines=tail_lines,
+            min_generation=min_generation,
+        )
+        if since is not None:
+            request.since.FromDatetime(since)
+        for response in self._stream("StreamLogs", request):
+            yield LogChunk(response.generation, tuple(response.lines))
+
+    def timeline(self, job_id: str) -> pb.JobTimeline:
+        """The job's sampled life (GPUs, batch size, throughput, efficiency, goodput, progress).
+
+        Raises:
+            NotFoundError: No such job.
+        """
+        request = spb.GetJobTimelineRequest(job_id=job_id)
+        response: spb.GetJobTimelineResponse = self._unary("GetJobTimeline", request)
+        return response.timeline
+
     def logs(
         self, job_id: str, rank: int = 0, *, follow: bool = False, tail_lines: int = 0
     ) -> Iterator[str]:
@@ -322,17 +393,8 @@ class Client:
             NotFoundError: No such job, or no launcher has a replica of that rank.
             UnavailableError: The node is not registered or its launcher does not answer.
         """
-        if rank < 0 or tail_lines < 0:
-            raise InvalidArgumentError(
-                "rank and tail_lines must be >= 0",
-                None,
-                violations=[("rank" if rank < 0 else "tail_lines", "must be >= 0")],
-            )
-        request = lpb.StreamLogsRequest(
-            job_id=job_id, rank=rank, follow=follow, tail_lines=tail_lines
-        )
-        for response in self._stream("StreamLogs", request):
-            yield from response.lines
+        for chunk in self.log_chunks(job_id, rank, follow=follow, tail_lines=tail_lines):
+            yield from chunk.lines
 
     # ---- administration (admin role; WhoAmI and own usage for anyone) ------------------------
 
@@ -432,7 +494,7 @@ class Client:
             try:
                 result = call(self._stub(target, admin))
             except grpc.RpcError as error:
-                failure = from_rpc_error(error)
+                failure = self._failure(target, error)
                 if not isinstance(failure, UnavailableError) or method not in IDEMPOTENT_RPCS:
                     raise failure from error
                 attempts.failed(failure)
@@ -454,7 +516,7 @@ class Client:
                     yield response
                 return
             except grpc.RpcError as error:
-                failure = from_rpc_error(error)
+                failure = self._failure(target, error)
                 retry = not received and method in IDEMPOTENT_RPCS
                 if not (retry and isinstance(failure, UnavailableError)):
                     raise failure from error
@@ -462,6 +524,46 @@ class Client:
             finally:
                 call.cancel()
         raise attempts.exhausted()
+
+    def _failure(self, target: str, error: grpc.RpcError) -> PolluxError:
+        """The typed error of a failed call: `UnreachableError` if it never reached a server.
+
+        UNAVAILABLE or DEADLINE_EXCEEDED while the target's channel is not connected means no
+        scheduler listens there (or the call waited for a connection until its deadline);
+        otherwise a server answered and its reason is kept.
+        """
+        failure = from_rpc_error(error)
+        channel = self._channels.get(target)
+        if failure.code not in _CONNECT_CODES or channel is None or _connected(channel):
+            return failure
+        cause = connect_failure_cause(failure.code, failure.message, self.timeout_s)
+        return UnreachableError(
+            failure.message, failure.code, failure.details, targets=(target,), cause=cause
+        )
+
+
+_CONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _connected(channel: grpc.Channel, wait_s: float = 5.0) -> bool:
+    """Whether `channel` is connected (READY) now; True if gRPC does not say within `wait_s`.
+
+    A new subscriber is first told the channel's current state (grpc's connectivity poller
+    reports it at once), so this waits for that one report rather than sampling after a delay.
+    """
+    reports: list[grpc.ChannelConnectivity] = []
+    reported = threading.Event()
+
+    def note(state: grpc.ChannelConnectivity) -> None:
+        reports.append(state)
+        reported.set()
+
+    channel.subscribe(note, try_to_connect=False)
+    try:
+        reported.wait(wait_s)
+    finally:
+        channel.unsubscribe(note)
+    return not reports or reports[0] == grpc.ChannelConnectivity.READY
 
 
 class _Attempts:
@@ -489,10 +591,16 @@ class _Attempts:
         """One error for a call no target could serve: the last reason, every target tried."""
         last = self.failures[-1] if self.failures else None
         reason = last.message if last is not None else "no target to try"
-        error = UnavailableError(
-            f"no Pollux scheduler could serve the request ({', '.join(self.tried)}): {reason}",
-            details=last.details if last is not None else (),
-        )
+        message = f"no Pollux scheduler could serve the request ({', '.join(self.tried)}): {reason}"
+        details = last.details if last is not None else ()
+        # Only when no target answered at all: then the caller may say "start one".
+        if isinstance(last, UnreachableError) and all(
+            isinstance(f, UnreachableError) for f in self.failures
+        ):
+            return UnreachableError(
+                message, last.code, details, targets=self.tried, cause=last.cause
+            )
+        error = UnavailableError(message, details=details)
         # Keep the newest leader hint even if the hinted leader was the one that failed last.
         hints = [f.leader_address for f in self.failures if f.leader_address]
         error.leader_address = hints[-1] if hints else None

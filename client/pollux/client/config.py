@@ -14,23 +14,110 @@ cluster it starts, so `pollux-cli` works against it with no flags::
 Each setting is taken from, first to last: a flag (``--server``, ``--context``), the
 environment (``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the
 context, the default (``127.0.0.1:7070``, plaintext). The file holds a secret: it is written
-0600 and a token is never taken from the command line (it would show in ``ps``).
+0600 and a token is never taken from the command line (it would show in ``ps``). A server,
+wherever it comes from, is ``HOST:PORT[,HOST:PORT...]`` (`parse_servers`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 DEFAULT_SERVER = "127.0.0.1:7070"
+DEFAULT_PORT = 7070
+"""The scheduler's port in `DEFAULT_SERVER`, suggested when an address has none."""
+DEFAULT_SERVER_FROM = "the default address"
+
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 class ConfigFileError(ValueError):
     """The config file cannot be used; the message says what to fix."""
+
+
+class ServerAddressError(ValueError):
+    """A scheduler address list that cannot be dialled; the message says what to write."""
+
+
+def parse_servers(text: str) -> tuple[str, ...]:
+    """Split ``HOST:PORT[,HOST:PORT...]`` into distinct targets, checking each one.
+
+    IPv6 hosts go in brackets (``[::1]:7070``). Why strict: gRPC dials port 443 when a
+    target has none, so ``localhost`` would fail later with a confusing "connection refused"
+    instead of now with what to write.
+
+    Raises:
+        ServerAddressError: Naming every bad entry and its fix, or saying that none was given.
+    """
+    targets: list[str] = []
+    problems: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            target = _target(item)
+        except ServerAddressError as error:
+            problems.append(str(error))
+        else:
+            if target not in targets:
+                targets.append(target)
+    if problems:
+        raise ServerAddressError("; ".join(problems))
+    if not targets:
+        raise ServerAddressError(
+            f"at least one scheduler address (host:port) is required, e.g. {DEFAULT_SERVER}"
+        )
+    return tuple(targets)
+
+
+def _target(item: str) -> str:
+    """One ``HOST:PORT`` (``[IPv6]:PORT``) in the form gRPC dials."""
+    if "://" in item or item.startswith(("dns:", "unix:", "ipv4:", "ipv6:")):
+        rest = (item.split("://", 1)[-1] if "://" in item else item.split(":", 1)[1]).lstrip("/")
+        raise ServerAddressError(f"{item!r} has a scheme: write host:port only, e.g. {rest}")
+    if item.startswith("["):
+        host, sep, port = item[1:].partition("]")
+        if not sep:
+            raise ServerAddressError(
+                f"{item!r} has no closing ']': write e.g. [::1]:{DEFAULT_PORT}"
+            )
+        if not port:
+            raise ServerAddressError(f"{item} has no port: write {item}:{DEFAULT_PORT}")
+        if not port.startswith(":"):
+            raise ServerAddressError(f"{item!r}: write the port after the bracket, [{host}]:PORT")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ServerAddressError(f"{item!r}: {host!r} is not an IPv6 address") from None
+        return f"[{host}]:{_port(item, port[1:])}"
+    if item.count(":") > 1:
+        # Whether the last group is a port cannot be told ("::1:7070" is an address too).
+        raise ServerAddressError(
+            f"{item!r}: put an IPv6 address in brackets and the port after them, "
+            f"e.g. [::1]:{DEFAULT_PORT}"
+        )
+    host, sep, port = item.partition(":")
+    if not sep:
+        if not _HOST.fullmatch(item):
+            raise ServerAddressError(f"{item!r} is not host:port")
+        raise ServerAddressError(f"{item} has no port: write {item}:{DEFAULT_PORT}")
+    if not host:
+        raise ServerAddressError(f"{item!r} has no host: write e.g. 127.0.0.1{item}")
+    if not _HOST.fullmatch(host):
+        raise ServerAddressError(f"{item!r}: {host!r} is not a host name or IPv4 address")
+    return f"{host}:{_port(item, port)}"
+
+
+def _port(item: str, port: str) -> int:
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ServerAddressError(f"{item!r}: port {port!r} is not a number from 1 to 65535")
+    return int(port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +127,8 @@ class Context:
     server: str = DEFAULT_SERVER
     ca_file: Path | None = None
     token: str | None = None
+    server_from: str = field(default=DEFAULT_SERVER_FROM, compare=False)
+    """Where `server` came from, for messages: ``--server``, ``POLLUX_SERVER``, a context."""
 
 
 def config_path(environ: Mapping[str, str]) -> Path:
@@ -81,10 +170,17 @@ def resolve(
             )
         chosen = contexts[name] if isinstance(contexts[name], dict) else {}
     ca = environ.get("POLLUX_CA") or chosen.get("ca_file")
+    origins = (
+        (server, "--server"),
+        (environ.get("POLLUX_SERVER"), "POLLUX_SERVER"),
+        (chosen.get("server"), f"the server of context {name!r} in {path}"),
+    )
+    address, origin = next(((a, o) for a, o in origins if a), (DEFAULT_SERVER, DEFAULT_SERVER_FROM))
     return Context(
-        server=server or environ.get("POLLUX_SERVER") or chosen.get("server") or DEFAULT_SERVER,
+        server=str(address),
         ca_file=Path(ca) if ca else None,
         token=environ.get("POLLUX_TOKEN") or chosen.get("token") or None,
+        server_from=origin,
     )
 
 

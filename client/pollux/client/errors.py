@@ -137,6 +137,47 @@ class UnavailableError(PolluxError):
         )
 
 
+class UnreachableError(UnavailableError):
+    """No scheduler answered at all: nothing listens at the addresses, or they do not resolve.
+
+    Raised instead of a plain UNAVAILABLE or DEADLINE_EXCEEDED when the call's channel never
+    got connected, so that a caller (the CLI) can say "start one, or fix the address" rather
+    than relay a server's reason; an UNAVAILABLE that a server sent (no leader, a launcher not
+    answering) stays an `UnavailableError` with its own message.
+
+    Attributes:
+        targets: The addresses tried, in order.
+        cause: Short reason in words ("connection refused"), or "" when gRPC gave none known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: grpc.StatusCode | None = grpc.StatusCode.UNAVAILABLE,
+        details: Sequence[Any] = (),
+        *,
+        targets: Sequence[str] = (),
+        cause: str = "",
+    ) -> None:
+        super().__init__(message, code, details)
+        self.targets = tuple(targets)
+        self.cause = cause
+
+
+def connect_failure_cause(code: grpc.StatusCode | None, message: str, timeout_s: float) -> str:
+    """A few words on why a channel could not connect, from gRPC's status (or "")."""
+    text = message.lower()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout_s:g} s"
+    if "connection refused" in text:
+        return "connection refused"
+    if "resolv" in text or "dns" in text or "domain name" in text:
+        return "the host name does not resolve"
+    if "timed out" in text or "timeout" in text:
+        return "connecting timed out"
+    return ""
+
+
 class DeadlineExceededError(PolluxError):
     """The call did not finish within its timeout; it may or may not have taken effect."""
 

@@ -108,6 +108,15 @@ def age(since: datetime | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """``1 GPU``, ``2 GPUs``, ``0 GPUs``: a count with its noun in the right number.
+
+    One helper so that no message says "1 GPUs"; `plural_noun` for irregular plurals
+    (``plural(n, "micro-batch", "micro-batches")``).
+    """
+    return f"{count} {noun if count == 1 else plural_noun or noun + 's'}"
+
+
 def counted(names: Iterable[str]) -> str:
     """``n1×2, n2`` for a list with repeats, in order of first appearance; "-" when empty."""
     counts = Counter(names)
@@ -118,9 +127,8 @@ def allocation_text(allocation: Allocation | None) -> str:
     """``4 GPUs on n1×2, n2×2 (generation 3, round 12, since <time>)``."""
     if allocation is None:
         return "no GPUs"
-    gpus = allocation.gpus
     return (
-        f"{gpus} GPU{'s' if gpus != 1 else ''} on {counted(allocation.nodes)} "
+        f"{plural(allocation.gpus, 'GPU')} on {counted(allocation.nodes)} "
         f"(generation {allocation.generation}, round {allocation.round}, "
         f"since {timestamp(allocation.time)})"
     )
@@ -252,7 +260,7 @@ def estimate_text(found: JobEstimate, now: datetime) -> str:
                 f"the goodput model and size ({found.work:.1f} M0-steps) of "
                 f"{found.reference_job_id}, no further arrivals",
             ),
-            ("Forecast", f"{found.rounds} rounds of the policy"),
+            ("Forecast", f"{plural(found.rounds, 'round')} of the policy"),
         ]
     )
 
@@ -280,7 +288,7 @@ def explanation_text(explanation: Explanation) -> str:
         chosen = len(decision.nodes)
         change = "changed this round" if decision.changed else "unchanged"
         pairs += [
-            ("Chosen", f"{chosen} GPU{'s' if chosen != 1 else ''} on {counted(decision.nodes)}"),
+            ("Chosen", f"{plural(chosen, 'GPU')} on {counted(decision.nodes)}"),
             ("Change", change),
             ("Speedup", f"{decision.speedup:.3f}"),
             ("Restart penalty", f"{decision.restart_penalty:.3f}"),
@@ -302,8 +310,8 @@ def explanation_text(explanation: Explanation) -> str:
         pairs.append(
             (
                 "Batch",
-                f"{batch.local_batch_size} per GPU × {batch.accum_steps} step"
-                f"{'s' if batch.accum_steps != 1 else ''} = total {batch.total_batch_size} "
+                f"{batch.local_batch_size} per GPU × {plural(batch.accum_steps, 'step')} "
+                f"= total {batch.total_batch_size} "
                 f"(predicted speedup {batch.predicted_speedup:.3f})",
             )
         )
@@ -338,8 +346,8 @@ def _counterfactual_pairs(explanation: Explanation) -> list[tuple[str, object]]:
         pairs.append(
             (
                 "Queue",
-                f"{_ordinal(explanation.queue_position)} of {explanation.pending_jobs} pending "
-                f"job{'s' if explanation.pending_jobs != 1 else ''} (by submission time)",
+                f"{_ordinal(explanation.queue_position)} of "
+                f"{plural(explanation.pending_jobs, 'pending job')} (by submission time)",
             )
         )
     choice = explanation.batch_choice
@@ -349,7 +357,7 @@ def _counterfactual_pairs(explanation: Explanation) -> list[tuple[str, object]]:
             (
                 "Batch choice",
                 f"total {choice.batch_size} samples ({choice.local_batch_size} per GPU × "
-                f"{steps} micro-batch{'es' if steps != 1 else ''}): throughput "
+                f"{plural(steps, 'micro-batch', 'micro-batches')}): throughput "
                 f"{choice.throughput:.1f} samples/s × efficiency {choice.efficiency:.3f} = "
                 f"goodput {choice.goodput:.1f} samples/s",
             )
@@ -367,13 +375,16 @@ def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
     if held + 1 in speed:
         gain = speed[held + 1] - speed.get(held, 0.0)
         pairs.append(
-            ("One more GPU", f"+{gain:.3f} speedup for this job ({held} → {held + 1} GPUs)")
+            (
+                "One more GPU",
+                f"+{gain:.3f} speedup for this job ({held} → {plural(held + 1, 'GPU')})",
+            )
         )
     for index, h in enumerate(explanation.holders):
         pairs.append(
             (
                 "Cheapest GPUs" if index == 0 else "",
-                f"{h.job_id}'s last of {h.gpus} GPU{'s' if h.gpus != 1 else ''} is worth "
+                f"{h.job_id}'s last of {plural(h.gpus, 'GPU')} is worth "
                 f"{h.last_gpu_worth:.3f} speedup to it ({h.speedup:.3f} → "
                 f"{h.speedup_without_one:.3f})",
             )
@@ -401,8 +412,8 @@ def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:
     pairs: list[tuple[str, object]] = [
         (
             "Model",
-            f"by {model.agent_id or NONE} from {model.observations} observations, "
-            f"profiled up to {model.max_profiled_replicas} replicas, "
+            f"by {model.agent_id or NONE} from {plural(model.observations, 'observation')}, "
+            f"profiled up to {plural(model.max_profiled_replicas, 'replica')}, "
             f"updated {timestamp(model.update_time)}",
         ),
         ("Gradient", f"sqr {model.grad_sqr:.4g}, var {model.grad_var:.4g}"),

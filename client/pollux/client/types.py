@@ -15,9 +15,10 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import shlex
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -148,7 +149,8 @@ class JobSpec:
         ``read_only``.
 
         Raises:
-            JobSpecError: Listing every unknown, missing or ill-typed key, each by name.
+            JobSpecError: Listing every unknown, missing or ill-typed key and every value the
+                server would refuse (the same rules), each by its key path, all at once.
         """
         return _spec_from_mapping(data)
 
@@ -519,9 +521,7 @@ def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
     problems: list[tuple[str, str]] = []
     for key in data:
         if not isinstance(key, str) or key not in SPEC_KEYS:
-            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append((str(key), f"unknown key{hint}; known keys: {', '.join(SPEC_KEYS)}"))
+            problems.append((str(key), _unknown_key(key, data[key])))
     problems.extend((key, "required key is missing") for key in _REQUIRED if data.get(key) is None)
     values: dict[str, Any] = {}
     for key in ("name", "working_dir"):
@@ -538,6 +538,7 @@ def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
         if (mapping := data.get(key)) is not None:
             values[key] = _string_map(key, mapping, problems)
     _container_keys(data, values, problems)
+    _check_values(values, problems)
     if problems:
         keys = ", ".join(dict.fromkeys(k for k, _ in problems))
         raise JobSpecError(f"invalid job spec ({keys})", problems)
@@ -597,10 +598,10 @@ def _string_map(key: str, value: Any, problems: list[tuple[str, str]]) -> dict[s
     out: dict[str, str] = {}
     for name, item in value.items():
         if not isinstance(name, str):
-            problems.append((f"{key}.{name}", "names must be strings"))
+            problems.append((_entry(key, str(name)), "names must be strings"))
         elif isinstance(item, bool) or not isinstance(item, str | int | float):
             problems.append(
-                (f"{key}.{name}", f"expected a string, got {_kind(item)} (quote the value)")
+                (_entry(key, name), f"expected a string, got {_kind(item)} (quote the value)")
             )
         else:
             out[name] = str(item)
@@ -645,3 +646,168 @@ def _mounts(value: Any, problems: list[tuple[str, str]]) -> tuple[Mount, ...]:
         else:
             problems.append((key, f"expected SRC:DST[:ro] or a mapping, got {_kind(item)}"))
     return tuple(out)
+
+
+# ---- values: the server's rules, checked here too ---------------------------------------------
+#
+# The scheduler validates every spec completely (services/scheduler/.../validation.py) and stays
+# the authority. The client checks the same rules on the keys it could read, so that one
+# submission reports type and value mistakes together instead of in two rounds (types here,
+# then values from the server). A test compares the two on the same bad specs.
+
+_NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,63}")
+_IMAGE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?"
+)
+_MOUNT_PATH = re.compile(r"/[^:,\x00-\x1f\x7f]*")
+_MAX_BATCH = 1 << 24
+_MAPS = ("env", "labels", "secret_env")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9._/-]{1,64}")
+_LIMITS = {"max_replicas": 4096, "max_failures": 1000, "stop_grace_s": 3600, "shm_size_mb": 1 << 20}
+_RENAMED = {
+    "batch_size": "initial_batch_size",
+    "workdir": "working_dir",
+    "stop_grace": "stop_grace_s",
+    "shm_size": "shm_size_mb",
+    "label": "labels",
+    "mount": "mounts",
+}
+"""Names a user may reach for (former flags, singulars) and the key meant."""
+
+
+def _unknown_key(key: object, value: Any) -> str:
+    """What to say about a key a job file may not have: the key meant, if one is close."""
+    text = str(key)
+    normal = text.lower().replace("-", "_")
+    if text == "batch" and isinstance(value, Mapping):
+        return (
+            "unknown key: write the batch limits at the top level "
+            f"({', '.join(k for k in _INT_KEYS if 'batch' in k)})"
+        )
+    close = [normal] if normal in SPEC_KEYS else []
+    close = close or ([_RENAMED[normal]] if normal in _RENAMED else [])
+    close = close or difflib.get_close_matches(normal, SPEC_KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key{hint}; known keys: {', '.join(SPEC_KEYS)}"
+
+
+def _check_values(values: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
+    """Add the server's value rules broken by the keys read without a type problem."""
+    # A map holds only its readable entries, so only a map that is not one is skipped; any
+    # other key with a problem (mounts[2], command) is not checked again.
+    bad = {key for key, _ in problems}
+    bad |= {re.split(r"[.\[]", key, maxsplit=1)[0] for key in bad if key.split(".")[0] not in _MAPS}
+
+    def has(key: str) -> bool:
+        return key in values and key not in bad
+
+    def add(key: str, problem: str) -> None:
+        problems.append((key, problem))
+
+    if has("name") and not _NAME.fullmatch(values["name"]):
+        add(
+            "name",
+            f"{values['name']!r} must be 1-63 characters of [a-z0-9-] starting with a letter",
+        )
+    if has("command") and values["command"] and not values["command"][0]:
+        add("command[0]", "the program must not be empty")
+    _check_batch(values, has, add)
+    for key, top in _LIMITS.items():
+        if has(key) and values[key] > top:
+            add(key, f"must be at most {top}")
+    _check_maps(values, has, add)
+    _check_container(values, has, add, image_unreadable="image" in bad)
+
+
+def _check_maps(
+    values: Mapping[str, Any], has: Callable[[str], bool], add: Callable[[str, str], None]
+) -> None:
+    for key in ("env", "secret_env"):
+        for name in values[key] if has(key) else ():
+            if not _ENV_NAME.fullmatch(name):
+                add(
+                    _entry(key, name),
+                    "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                )
+            elif name.startswith("POLLUX_"):
+                add(_entry(key, name), "POLLUX_* variables are set by the launcher; rename it")
+    if has("env") and has("secret_env"):
+        for name in sorted(set(values["env"]) & set(values["secret_env"])):
+            add(_entry("secret_env", name), "also in env; keep it in one of them")
+    for name, value in values["labels"].items() if has("labels") else ():
+        if not _LABEL_KEY.fullmatch(name):
+            add(_entry("labels", name), "label keys must be 1-63 characters of [A-Za-z0-9._/-]")
+        if len(value) > 256:
+            add(_entry("labels", name), "the value is longer than 256 characters")
+
+
+def _entry(key: str, name: str) -> str:
+    """``env.NAME`` for a plain name, ``env.'odd name'`` quoted otherwise (as the server)."""
+    return f"{key}.{name}" if _PLAIN_KEY.fullmatch(name) else f"{key}.{name!r}"
+
+
+def _check_batch(
+    values: Mapping[str, Any], has: Callable[[str], bool], add: Callable[[str, str], None]
+) -> None:
+    def get(key: str) -> int:
+        return int(values[key]) if has(key) else 0
+
+    m0 = get("initial_batch_size")
+    if has("initial_batch_size") and not 1 <= m0 <= _MAX_BATCH:
+        add("initial_batch_size", f"must be 1 to {_MAX_BATCH} (the batch your LR is tuned for)")
+        m0 = 0  # what follows from a bad M0 is not said again
+    top = get("max_batch_size")
+    if top and m0 and top < m0:
+        add("max_batch_size", f"{top} is below initial_batch_size {m0}: raise it or leave it 0")
+    if top > _MAX_BATCH:
+        add("max_batch_size", f"must be at most {_MAX_BATCH}")
+    top = top or m0
+    low, high = get("min_local_batch_size"), get("max_local_batch_size") or top
+    if low and high and low > high:
+        add("min_local_batch_size", f"{low} exceeds max_local_batch_size {high}")
+    if low and top and low > top:
+        add("min_local_batch_size", f"{low} exceeds the largest total batch {top}")
+
+
+def _check_container(
+    values: Mapping[str, Any],
+    has: Callable[[str], bool],
+    add: Callable[[str, str], None],
+    *,
+    image_unreadable: bool,
+) -> None:
+    image = values["image"] if has("image") else ""
+    if image and not _IMAGE.fullmatch(image):
+        add(
+            "image",
+            f"{image!r} is not an image reference [registry[:port]/]name[:tag]"
+            "[@sha256:<64 hex digits>] (name in lowercase, e.g. ghcr.io/org/train:1.2)",
+        )
+    if not image and not image_unreadable:
+        for key in ("shm_size_mb", "mounts"):
+            if has(key) and values[key]:
+                add(key, "only applies to a container: set image too, or leave it unset")
+    targets: set[str] = set()
+    for i, mount in enumerate(values["mounts"] if has("mounts") else ()):
+        for side in ("host_path", "container_path"):
+            path = getattr(mount, side)
+            if not _MOUNT_PATH.fullmatch(path):
+                add(f"mounts[{i}].{side}", f"{path!r} must be an absolute path without ':' or ','")
+            elif "/../" in f"{path}/" or "/./" in f"{path}/":
+                add(
+                    f"mounts[{i}].{side}",
+                    f"{path!r} has '.' or '..' components: give the plain path",
+                )
+        if mount.container_path and not mount.container_path.strip("/"):
+            add(
+                f"mounts[{i}].container_path",
+                "cannot mount over the container's root: name a directory in it",
+            )
+        if mount.container_path in targets:
+            add(f"mounts[{i}].container_path", "mounted twice: keep one entry")
+        targets.add(mount.container_path)
