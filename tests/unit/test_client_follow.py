@@ -68,6 +68,7 @@ class ScriptedClient:
 
 def run(client: ScriptedClient, **kwargs: Any) -> list[Any]:
     sleeps: list[float] = []
+    kwargs.setdefault("clock", lambda: 0.0)  # no reads while lines flow, unless a test asks
     events = list(follow(client, "train", sleep=sleeps.append, **kwargs))  # type: ignore[arg-type]
     assert all(s == 1.0 for s in sleeps)
     return events
@@ -157,3 +158,26 @@ def test_wait_reports_states_only() -> None:
 def test_exit_codes_tell_the_result_apart_from_cli_errors(state: str, code: int) -> None:
     assert exit_code(job(state)) == code
     assert code not in (1, 2)  # the CLI's own error and usage codes
+
+
+def test_a_state_change_is_shown_among_the_lines_it_came_with() -> None:
+    ticks = iter(range(100))
+    client = ScriptedClient(
+        jobs=[
+            job("RUNNING", 1, ("n1",), history=2),
+            job("RUNNING", 1, ("n1",), history=3),  # read while lines flow
+            job("SUCCEEDED", 1, ("n1",), history=5),
+        ],
+        streams=[[LogChunk(1, ("a",)), LogChunk(1, ("b",))], []],
+    )
+    events = run(client, clock=lambda: float(next(ticks)))
+    texts = [e.text.split(" ", 1)[-1] for e in events if not isinstance(e, Finished)]
+    # Each chunk is preceded by the changes read since the last one (poll_s = 1 tick here).
+    assert texts == [
+        "1 (rank 0 of 1 GPU on n1)",
+        "RESCALING: step 2",
+        "a",
+        "RUNNING: step 3",
+        "SUCCEEDED: step 4",
+        "b",
+    ]

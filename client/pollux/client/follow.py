@@ -90,6 +90,7 @@ def follow(
     since: datetime | None = None,
     poll_s: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[FollowEvent]:
     """State changes (and, with `logs`, every generation's log of `rank`) until the job ends.
 
@@ -102,21 +103,20 @@ def follow(
             job's whole history, as after a submit).
         tail_lines: Retained lines of the first generation to show first (0: all).
         since: Only lines of the first stream that arrived at or after this time.
-        poll_s: Seconds between reads of the job while waiting.
+        poll_s: Seconds between reads of the job while waiting, and at least between two
+            reads while log lines flow (a state change is shown among the lines it came with).
         sleep: Waits between polls (tests pass a fake).
+        clock: Monotonic seconds, for the reads while lines flow (tests pass a fake).
 
     Raises:
         PolluxError: The job cannot be read (deleted, no scheduler reachable).
     """
-    job = client.get_job(job_ref)
-    job_id = job.id
-    reported = len(job.history) if history_from is None else history_from
+    watch = _JobWatch(client, client.get_job(job_ref), history_from, poll_s, clock)
     next_generation = 0  # 0: the newest replica of the rank, whichever generation
     first_stream = True
     while True:
-        for entry in job.history[reported:]:
-            yield transition_marker(entry)
-        reported = len(job.history)
+        yield from watch.news(refresh=False)
+        job = watch.job
         if logs:
             streamed = yield from _stream_generation(
                 client,
@@ -125,14 +125,51 @@ def follow(
                 next_generation,
                 tail_lines if first_stream else 0,
                 since if first_stream else None,
+                watch,
             )
             if streamed is not None:
                 next_generation, first_stream = streamed + 1, False
         if job.is_terminal:
+            yield from watch.news(refresh=False)
             yield Finished(job)
             return
         sleep(poll_s)
-        job = client.get_job(job_id)
+        watch.read()
+
+
+class _JobWatch:
+    """The followed job as last read, and the history entries not reported yet."""
+
+    def __init__(
+        self,
+        client: Client,
+        job: Job,
+        history_from: int | None,
+        poll_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.client = client
+        self.job = job
+        self.reported = len(job.history) if history_from is None else history_from
+        self.poll_s = poll_s
+        self.clock = clock
+        self.read_at = clock()
+
+    def read(self) -> None:
+        """Read the job again."""
+        self.job = self.client.get_job(self.job.id)
+        self.read_at = self.clock()
+
+    def news(self, *, refresh: bool) -> Iterator[Marker]:
+        """Markers of history entries not reported yet.
+
+        With `refresh`, the job is read again first if `poll_s` has passed since the last read.
+        """
+        if refresh and self.clock() - self.read_at >= self.poll_s:
+            self.read()
+        for entry in self.job.history[self.reported :]:
+            yield transition_marker(entry)
+        self.reported = len(self.job.history)
 
 
 def _stream_generation(
@@ -142,6 +179,7 @@ def _stream_generation(
     min_generation: int,
     tail_lines: int,
     since: datetime | None,
+    watch: _JobWatch,
 ) -> Generator[FollowEvent, None, int | None]:
     """One replica's log, followed until it exits; returns its generation, None if none ran.
 
@@ -161,6 +199,7 @@ def _stream_generation(
             if chunk.generation != generation:
                 generation = chunk.generation
                 yield generation_marker(job, generation, rank)
+            yield from watch.news(refresh=True)
             for text in chunk.lines:
                 yield Line(text, generation)
     except (NotFoundError, UnavailableError):

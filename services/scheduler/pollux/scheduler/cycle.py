@@ -350,7 +350,12 @@ def _reconcile(
         S.JOB_STATE_ALLOCATED,
         S.JOB_STATE_RESCALING,
     ):
-        transition(job, S.JOB_STATE_RUNNING, now, f"{len(running)} replicas running")
+        transition(
+            job,
+            S.JOB_STATE_RUNNING,
+            now,
+            f"{len(running)} replica{'s' * (len(running) != 1)} running",
+        )
     return job.SerializeToString() != before
 
 
