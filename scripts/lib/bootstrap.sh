@@ -94,3 +94,13 @@ ensure_etcd() {
     return 1
   fi
 }
+
+ensure_chromium() {
+  # The dashboard's browser test (tests/e2e/test_dashboard_browser.py) renders its pages in
+  # Debian's headless Chromium; without it that test skips, saying why. Best effort: a
+  # machine that cannot install it still runs every other test.
+  if ! command -v chromium >/dev/null; then
+    echo "==> installing chromium (Debian package) for the dashboard's browser test" >&2
+    apt_install chromium || echo "warning: chromium not installed; the browser test will skip" >&2
+  fi
+}

@@ -6,6 +6,11 @@ it exits 0. Rank 0 reports synthetic step times (faster with more replicas) and 
 statistics to its agent over gRPC, so the agent fits a model and the scheduler scales the job.
 Every rank appends "<generation> <rank> <world> <start-step>" to starts.log in the
 checkpoint directory, so a test can see each restart and what it resumed from.
+
+With COUNTER_WORK=1, rank 0 also declares its work as `pollux.train` does (WorkStatus:
+progress and remaining, in M0-steps): each step makes the progress AdaScale's gain credits a
+batch of 32 x replicas with the reported gradient statistics; the progress is checkpointed with
+the step, so the job's timeline shows its actual progress beside the model's prediction.
 """
 
 from __future__ import annotations
@@ -18,9 +23,17 @@ from pathlib import Path
 
 TOTAL = int(os.environ.get("COUNTER_TOTAL", "40"))
 STEP_S = float(os.environ.get("COUNTER_STEP_S", "0.1"))
+WORK = os.environ.get("COUNTER_WORK") == "1"
+SQR, VAR = 1.0, 50.0
+"""The gradient statistics every report carries (noise scale VAR / SQR)."""
 
 
-def report(seq: int, world: int, nodes: int) -> None:
+def gain(world: int) -> float:
+    """M0-steps of progress of one step of 32 x `world` samples (M0 = 32): AdaScale's r(S)."""
+    return (VAR + SQR) / (VAR / world + SQR)
+
+
+def report(seq: int, world: int, nodes: int, work: tuple[float, float] | None = None) -> None:
     """Send one ReportMetrics to the job's agent; failures are ignored (training goes on)."""
     import grpc
 
@@ -50,8 +63,10 @@ def report(seq: int, world: int, nodes: int) -> None:
                 count=10,
             )
         ],
-        gradient=pb.GradientStats(sqr=1.0, var=50.0),
+        gradient=pb.GradientStats(sqr=SQR, var=VAR),
     )
+    if work is not None:
+        request.work.progress, request.work.remaining = work
     try:
         with agent_channel(address) as channel:  # TLS and the job credential when secure
             apb_grpc.AgentServiceStub(channel).ReportMetrics(request, timeout=2)
@@ -67,6 +82,18 @@ def main() -> int:
     generation = os.environ["POLLUX_ALLOCATION_GEN"]
     ckpt = ckpt_dir / "step"
     step = int(ckpt.read_text()) if ckpt.exists() else 0
+    progress_file = ckpt_dir / "progress"
+    progress = float(progress_file.read_text()) if WORK and progress_file.exists() else 0.0
+
+    def save() -> None:
+        if WORK:
+            tmp = progress_file.with_suffix(".tmp")
+            tmp.write_text(repr(progress))
+            os.replace(tmp, progress_file)
+        tmp = ckpt.with_suffix(".tmp")
+        tmp.write_text(str(step))
+        os.replace(tmp, ckpt)
+
     with (ckpt_dir / "starts.log").open("a") as log:
         log.write(f"{generation} {rank} {world} {step}\n")
     stop = False
@@ -79,22 +106,20 @@ def main() -> int:
     while step < TOTAL:
         if stop:
             if rank == 0:
-                tmp = ckpt.with_suffix(".tmp")
-                tmp.write_text(str(step))
-                os.replace(tmp, ckpt)
+                save()
             print(f"rank {rank}: checkpointed at step {step}", flush=True)
             return 143
         time.sleep(STEP_S)
         step += 1
+        progress += gain(world)
         if step % 10 == 0:
             print(f"rank {rank}/{world} gen {generation}: step {step}", flush=True)
             if rank == 0:
                 nodes = int(os.environ.get("POLLUX_NUM_NODES", "1"))
-                report(step // 10, world, nodes)
+                work = (progress, (TOTAL - step) * gain(world)) if WORK else None
+                report(step // 10, world, nodes, work)
     if rank == 0:
-        tmp = ckpt.with_suffix(".tmp")
-        tmp.write_text(str(step))
-        os.replace(tmp, ckpt)
+        save()
     print(f"rank {rank}: done at step {step}", flush=True)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pollux.client import Client, JobSpec, PolluxError
@@ -11,11 +12,18 @@ from pollux.client import Client, JobSpec, PolluxError
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def follow_demo(client: Client, job_file: Path, *, poll_s: float = 1.0) -> int:
+def follow_demo(
+    client: Client,
+    job_file: Path,
+    *,
+    poll_s: float = 1.0,
+    dashboard: Callable[[str], str | None] | None = None,
+) -> int:
     """Submit `job_file`, print every state, allocation and batch change until it ends.
 
     While the job runs, the newest line of rank 0's log (the training script's own progress
-    line, e.g. one per epoch) is shown too, whenever it changes.
+    line, e.g. one per epoch) is shown too, whenever it changes. `dashboard` gives the web
+    dashboard's address of a route; the job's page is printed once it is submitted.
 
     Returns:
         0 if the job succeeded, 1 otherwise.
@@ -23,6 +31,9 @@ def follow_demo(client: Client, job_file: Path, *, poll_s: float = 1.0) -> int:
     spec = JobSpec.from_file(job_file)
     job = client.submit(spec)
     print(f"submitted {job.id} ({spec.name}); follow with: pollux-cli describe {job.id}")
+    page = dashboard(f"/jobs/{job.id}") if dashboard is not None else None
+    if page is not None:
+        print(f"its timeline, plotted: {page}", flush=True)
     last = last_progress = ""
     started = time.monotonic()
     while True:

@@ -4,7 +4,8 @@ Starts a real etcd (Debian's `etcd-server`), scheduler replicas (one leads), an 
 NodeLaunchers with CPU "GPU slots", each a separate process on loopback ports, then (with
 `--demo`) submits the sample elastic training job and shows live progress until it completes.
 Ctrl-C stops everything. The end-to-end tests and the control-plane benchmark use the same
-`LocalCluster` class.
+`LocalCluster` class. The first scheduler replica serves the web dashboard on a free loopback
+port; `pollux-up` prints its address (with the admin token in the fragment on a TLS cluster).
 
 Secure by default: it makes a CA in the work dir (`pki/`), a certificate for etcd and for each
 service, and an admin token; etcd demands client certificates, every port speaks TLS and
@@ -117,6 +118,11 @@ class LocalCluster:
             services' default (10 s). The fault suite shortens it.
         secure: TLS and authentication everywhere (a CA, certificates and an admin token
             made in `workdir/pki`); False runs plaintext, as a loopback-only dev setup.
+        job_roots: Directories a job's working_dir may lie in besides the launcher policy's
+            default roots (/tmp, /var/tmp, /srv, /home): `pollux-up` adds the directory it
+            was started from and this checkout, so a job file of a clone anywhere runs.
+        dashboard: The first scheduler replica ("scheduler-0") serves the web dashboard on a
+            free loopback port (`dashboard_port`, kept across its restarts).
     """
 
     workdir: Path
@@ -130,6 +136,11 @@ class LocalCluster:
     etcd_members: int = 1
     registration_ttl_s: int | None = None
     secure: bool = True
+    dashboard: bool = True
+    job_roots: tuple[Path, ...] = ()
+    """Directories jobs may run in besides the launchers' defaults (`JobPolicy`)."""
+    dashboard_port: int | None = None
+    """The dashboard's port, once scheduler-0 started with it."""
     admin_token: str | None = None
     """The admin's API token (secure clusters, once started)."""
     etcd: Proc | None = None
@@ -327,40 +338,73 @@ class LocalCluster:
             argv += etcd_tls_flags(self.pki_dir / "ca.pem", self._identity(name))
         return self._spawn(name, argv, client, wait=False)
 
-    def _start_service(self, name: str, module: str, *flags: str) -> Proc:
+    def _start_service(
+        self, name: str, module: str, *flags: str, env: dict[str, str] | None = None
+    ) -> Proc:
         """Start `python -m module` on a free loopback port with the common flags."""
         port = free_port()
         command = [sys.executable, "-m", module, "--etcd", self.etcd_endpoint]
         command += ["--listen", f"127.0.0.1:{port}", *self._tls_flags(name), *flags]
-        env = {}
+        env = dict(env or {})
         if self.registration_ttl_s is not None:
             ttl = str(self.registration_ttl_s)
-            env = {"POLLUX_AGENT_LEASE_TTL_S": ttl, "POLLUX_LAUNCHER_LEASE_TTL_S": ttl}
+            env |= {"POLLUX_AGENT_LEASE_TTL_S": ttl, "POLLUX_LAUNCHER_LEASE_TTL_S": ttl}
         proc = self._spawn(name, command, port, env)
         self.procs[name] = proc
         return proc
 
     def start_scheduler(self, name: str) -> Proc:
-        """Start (or restart) a scheduler replica."""
-        return self._start_service(
-            name,
-            "pollux.scheduler.main",
+        """Start (or restart) a scheduler replica; scheduler-0 also serves the dashboard."""
+        flags = [
             *("--id", name, "--interval", str(self.interval_s)),
             *("--lease-ttl", str(self.lease_ttl_s), "--restart-delay", str(self.restart_delay_s)),
-        )
+        ]
+        dashboard = self.dashboard and name == "scheduler-0"
+        if dashboard:
+            if self.dashboard_port is None:
+                self.dashboard_port = free_port()
+            flags += ["--dashboard-listen", f"127.0.0.1:{self.dashboard_port}"]
+        proc = self._start_service(name, "pollux.scheduler.main", *flags)
+        if dashboard and self.dashboard_port is not None:
+            wait_for_port(self.dashboard_port, proc.process, f"{name}'s dashboard", timeout=30)
+        return proc
+
+    def dashboard_link(self, route: str = "/") -> str | None:
+        """The dashboard's address at `route` ("/jobs/<id>"); None without a dashboard.
+
+        On a TLS cluster the admin token rides in the fragment (``#token=...&next=ROUTE``),
+        which the page stores in the tab and removes from the address bar: one click signs
+        in. A fragment is never sent to the server, logged by it, or put in a Referer.
+        """
+        if self.dashboard_port is None:
+            return None
+        scheme = "https" if self.secure else "http"
+        base = f"{scheme}://127.0.0.1:{self.dashboard_port}/"
+        if self.secure and self.admin_token:
+            return f"{base}#token={self.admin_token}" + (f"&next={route}" if route != "/" else "")
+        return f"{base}#{route}"
 
     def start_agent(self, name: str) -> Proc:
         """Start an agent."""
         return self._start_service(name, "pollux.agent.main", "--id", name)
 
     def start_launcher(self, name: str) -> Proc:
-        """Start a launcher for node `name`."""
+        """Start a launcher for node `name`, its job policy allowing `job_roots` too."""
+        env = {}
+        if self.job_roots:
+            # Imported here: this module runs launchers as processes and needs their package
+            # only for this default (the distribution `pollux-common` does not depend on it).
+            from pollux.launcher.job_policy import JobPolicy  # noqa: PLC0415
+
+            roots = [*JobPolicy().allowed_roots, *self.job_roots]
+            env["POLLUX_LAUNCHER_JOB_POLICY__ALLOWED_ROOTS"] = ",".join(map(str, roots))
         return self._start_service(
             name,
             "pollux.launcher.main",
             *("--node-name", name, "--gpus", str(self.gpus_per_node)),
             *("--checkpoint-root", str(self.workdir / "checkpoints")),
             *("--log-root", str(self.workdir / "replica-logs")),
+            env=env,
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -431,6 +475,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="submit a job file (default: the sample elastic job) and follow it",
     )
     parser.add_argument(
+        "--allow-root",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another directory jobs may run in (repeatable; the current directory and this "
+        "checkout always are, besides /tmp, /var/tmp, /srv and /home)",
+    )
+    parser.add_argument(
         "--insecure",
         action="store_true",
         help="no TLS, no authentication (loopback only; for debugging)",
@@ -450,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         agents=args.agents,
         interval_s=args.interval,
         secure=not args.insecure,
+        job_roots=tuple(dict.fromkeys([Path.cwd().resolve(), REPO, *args.allow_root])),
     )
     # Both explicitly: a shell that starts pollux-up in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -462,6 +516,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     servers = ",".join(cluster.scheduler_addresses)
     print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {workdir / 'logs'}")
+    link = cluster.dashboard_link()
+    if link is not None:
+        print(f"dashboard: {link}")
+        if cluster.secure:
+            print(
+                f"  (HTTPS under the cluster's own CA, {cluster.ca_file}: accept the browser's "
+                "certificate warning once, or import that CA)"
+            )
     if cluster.secure:
         path = config_path(os.environ)
         context = Context(server=servers, ca_file=cluster.ca_file, token=cluster.admin_token)
@@ -473,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.demo:
             with cluster.client() as client:
-                return follow_demo(client, Path(args.demo))
+                return follow_demo(client, Path(args.demo), dashboard=cluster.dashboard_link)
         print("Ctrl-C stops it", flush=True)
         while True:
             time.sleep(3600)

@@ -133,12 +133,26 @@ class SchedulerConfig:
     """Authentication of people."""
     maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
     """etcd compaction, defragmentation and NOSPACE recovery (pollux.service.maintenance)."""
+    dashboard_listen: str = ""
+    """host:port of the read-only web dashboard (pollux.scheduler.dashboard; port 0: a free
+    one); empty: none. HTTPS with API tokens when TLS is on, like the gRPC port; without TLS
+    loopback only, unless `tls.insecure`."""
+    dashboard_sample_s: float = 10.0
+    """Seconds between the dashboard's utilisation samples (kept in memory per replica)."""
+    dashboard_samples: int = 8640
+    """Utilisation samples each replica keeps (8640 at 10 s: a day); Prometheus keeps more."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
         out = []
         if not self.id:
             out.append("id: must not be empty")
+        if self.dashboard_listen and not self.dashboard_listen.rpartition(":")[2].isdigit():
+            out.append(f"dashboard_listen: {self.dashboard_listen!r} is not host:port")
+        if not 0 < self.dashboard_sample_s <= 3600:
+            out.append("dashboard_sample_s: must be > 0 and at most 3600")
+        if not 1 <= self.dashboard_samples <= 1_000_000:
+            out.append("dashboard_samples: must be between 1 and 1000000")
         if not 2 <= self.lease_ttl_s <= 300:
             out.append("lease_ttl_s: must be between 2 and 300 seconds")
         return out

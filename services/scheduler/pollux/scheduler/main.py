@@ -1,7 +1,8 @@
 """`pollux-scheduler`: one scheduler replica (run several; one leads).
 
     pollux-scheduler [--config scheduler.toml] [--etcd HOST:PORT] [--listen HOST:PORT]
-                     [--id ID] [--policy pollux|optimus|tiresias] [--interval S] ...
+                     [--id ID] [--policy pollux|optimus|tiresias] [--interval S]
+                     [--dashboard-listen HOST:PORT] ...
 
 Settings come from defaults, then the TOML file, then POLLUX_SCHEDULER_* variables
 (e.g. POLLUX_SCHEDULER_SCHEDULING__INTERVAL_S=30), then flags (pollux.service.entry).
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
+from pollux.scheduler.dashboard.server import Dashboard
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
@@ -110,11 +112,12 @@ class SchedulerApp(ServiceApp):
     def __init__(self, config: SchedulerConfig, store: Store) -> None:
         tokens = TokenBook(store)
         self.audit = AuditLog(store, ACTIONS)
+        authenticator = Authenticator(tokens=tokens.verify)
         host = ServiceHost.for_config(
             "scheduler",
             config.server,
             tls=store.tls,
-            authenticator=Authenticator(tokens=tokens.verify),
+            authenticator=authenticator,
             require_client_certificate=config.auth.client_certificates,
             insecure=config.tls.insecure,
             audit=self.audit,
@@ -141,6 +144,20 @@ class SchedulerApp(ServiceApp):
             else None,
             forecaster=self.forecaster,
         )
+        self.dashboard = (
+            Dashboard(
+                servicer,
+                config.dashboard_listen,
+                tls=store.tls,
+                authenticator=authenticator,
+                insecure=config.tls.insecure,
+                sample_interval_s=config.dashboard_sample_s,
+                samples=config.dashboard_samples,
+            )
+            if config.dashboard_listen
+            else None
+        )
+        """The read-only web dashboard (`dashboard_listen`), same checks as the API."""
         super().__init__(
             host,
             config.server,
@@ -157,12 +174,16 @@ class SchedulerApp(ServiceApp):
         )
 
     async def start(self) -> None:
-        """Serve and campaign, then forecast in the background."""
+        """Serve and campaign, then forecast in the background, then serve the dashboard."""
         await super().start()
         self.forecaster.start()
+        if self.dashboard is not None:
+            await self.dashboard.start()
 
     async def stop(self) -> None:
-        """Stop forecasting and serving, then write the audit records still queued."""
+        """Stop the dashboard, forecasting and serving, then write the queued audit records."""
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         await self.forecaster.stop()
         await super().stop()
         await self.audit.close()
@@ -182,6 +203,11 @@ SPEC: ServiceSpec[SchedulerConfig, None] = ServiceSpec(
         Flag("--interval", "scheduling.interval_s", "seconds between rounds", float),
         Flag("--lease-ttl", "lease_ttl_s", "leadership lease TTL in seconds", int),
         Flag("--restart-delay", "scheduling.restart_delay_s", "re-allocation cost, s", float),
+        Flag(
+            "--dashboard-listen",
+            "dashboard_listen",
+            "read-only web dashboard host:port (HTTPS with TLS on; empty: none)",
+        ),
     ),
 )
 

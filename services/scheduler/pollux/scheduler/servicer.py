@@ -182,7 +182,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         entry = await self.store.get_job(found[0].order[1]) if found else None
         if entry is None:
             raise NotFound(
-                f"no job has the id, id prefix or name {shown(text)} (pollux-cli ls lists jobs)"
+                f"job {shown(text)} not found: no job you can see has that id, id prefix or name "
+                "(pollux-cli ls lists jobs)"
             )
         return entry
 
