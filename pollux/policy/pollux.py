@@ -98,13 +98,20 @@ class PolluxPolicy:
             quota = tenants.plan(problem, greedy.count_utilities(problem)[0])
         elif shares is TenantShares.WEIGHTS:
             quota = tenants.weigh(problem)
+        elif shares is TenantShares.ISOLATION:
+            quota = tenants.insure(problem, greedy.count_utilities(problem)[0])
         else:
             ledger = memory if isinstance(memory, tenants.Ledger) else None
             names = tenants.Tenants.of_state(problem.state).names
             quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
         if tilt is not None and shares is not TenantShares.BUDGETS:
             problem.weight = jct_mode.combine(problem.weight, tilt)  # weigh() replaced ours
-        decision = tenants.explained(problem.decision(greedy.search(problem, quota)), quota)
+        placed = greedy.search(problem, quota)
+        if shares is TenantShares.ISOLATION:  # floors squeezed by other tenants' budgets
+            quota, placed = tenants.secure(
+                problem, quota, placed, lambda q: greedy.search(problem, q)
+            )
+        decision = tenants.explained(problem.decision(placed), quota)
         if shares is TenantShares.DEFICITS:
             decision = replace(decision, memory=tenants.account(ledger, quota, problem, decision))
         return decision

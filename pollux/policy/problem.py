@@ -45,11 +45,15 @@ class TenantShares(enum.Enum):
             the goodput its tenant is owed (`tenants.Ledger`, carried in the decision's
             memory); per-round deviations that help JCT are allowed and repaid later. Budgets
             as in WEIGHTS.
+        ISOLATION: The sharing incentive: single-pool Pollux, with each tenant reserved the
+            GPUs on which it reaches 90 % of the goodput its jobs would get alone on its
+            entitled GPUs (`tenants.insure`).
     """
 
     BUDGETS = "budgets"
     WEIGHTS = "weights"
     DEFICITS = "deficits"
+    ISOLATION = "isolation"
 
 
 @dataclass(frozen=True, slots=True)

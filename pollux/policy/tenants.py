@@ -50,6 +50,23 @@ why they are what they are). So deviations that help JCT (a tenant with one job 
 badly is not pushed to 30 GPUs) are allowed for a while and repaid later, when the tenant's
 jobs can turn GPUs into goodput.
 
+**The ISOLATION mode** (`isolation`, `insure`) promises each tenant the *sharing incentive*
+instead of a share of the cluster's goodput: at least FLOOR of the goodput its jobs would get
+alone on its entitled GPUs, a static partition of ⌊E_t⌋ GPUs (its isolated goodput I_t, the
+sum of speedups the count phase reaches on the tenant's jobs alone, `goodput_curve`). Why
+this promise and not e_t: a share of goodput is unreachable, at any weight, for a tenant whose
+jobs scale badly (no number of GPUs turns one such job into 30 % of the cluster's goodput), and
+chasing it takes GPUs from jobs that would use them well; what a team gives up by pooling its
+GPUs is what it could have done on them alone, which is what I_t measures (DRF's sharing
+incentive, Themis' finish-time fairness per round). So each tenant with demand is reserved the
+fewest GPUs on which its curve reaches FLOOR · I_t (never more than ⌊E_t⌋, so the reservations
+always fit), on top of its guarantee, and everything else is single-pool Pollux's objective:
+a tenant that single-pool Pollux already serves well constrains nothing, an efficient tenant
+may hold more than its entitlement while the others are at their floors (work conservation),
+and the reservations bind only for tenants single-pool Pollux would leave below the floor.
+Budgets are per tenant, so with three tenants or more two of them can together take a third's
+reservation; `secure` then holds the tenants above their floors to less and searches again.
+
 Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
 weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
 names gains nothing.
@@ -59,7 +76,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -262,6 +279,126 @@ def weigh(problem: Problem, tilt: FloatArray | None = None) -> Quota:
         problem.weight = np.where(weight > 0, weight, positive.min()) / positive.max()
     goodput = np.full(count, np.nan)
     return Quota(tenants, budget, entitled, floor, ceiling, goodput)
+
+
+FLOOR = 0.9
+"""Fraction of its isolated goodput the ISOLATION mode reserves for each tenant: the issue's
+tolerance (a tenant within 10 % of what it is entitled to), read as a floor, since more than its
+entitlement is not a wrong done to it. A floor of 1 would reserve the last GPUs of each tenant's
+curve, the ones its jobs turn into the least goodput, at the others' expense."""
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """What each tenant would get alone on its entitled GPUs (the ISOLATION mode's promise).
+
+    Attributes:
+        entitled: E_t among the tenants with demand (0 for those without).
+        goodput: I_t, the goodput (sum of speedups) of its jobs alone on ⌊E_t⌋ GPUs.
+        curves: Per tenant, its goodput curve (`goodput_curve`) on at most ⌊E_t⌋ GPUs.
+    """
+
+    entitled: FloatArray
+    goodput: FloatArray
+    curves: tuple[tuple[IntArray, FloatArray], ...]
+
+    def needs(self, fraction: float = FLOOR) -> IntArray:
+        """Fewest GPUs on which each tenant's curve reaches `fraction` of its I_t."""
+        out = []
+        for (gpus, goodput), alone in zip(self.curves, self.goodput.tolist(), strict=True):
+            reached = np.nonzero(goodput >= fraction * alone - 1e-12)[0]
+            out.append(int(gpus[reached[0]]) if reached.size else 0)
+        return np.array(out, dtype=np.int64)
+
+
+def isolation(problem: Problem, utilities: FloatArray, tenants: Tenants | None = None) -> Isolation:
+    """Each tenant's isolated goodput I_t: its jobs alone on ⌊E_t⌋ GPUs, grown as level 2 would.
+
+    Args:
+        problem: The round.
+        utilities: The count phase's table U[j, k] (`greedy.count_utilities`).
+        tenants: The tenants and each job's tenant (default: the problem's state's), so that a
+            benchmark can measure a labelling the policy did not see.
+
+    A tenant has demand when one of its jobs may use a GPU (max_k > 0); E_t is split among
+    those. Whole GPUs, because a static partition gives a tenant whole GPUs.
+    """
+    tenants = tenants or Tenants.of_state(problem.state)
+    count = len(tenants.names)
+    total = problem.total_gpus
+    demand = np.bincount(tenants.of_job, weights=problem.max_k, minlength=count)
+    active = np.minimum(demand, tenants.cap) > 0
+    entitled = np.zeros(count)
+    entitled[active] = entitlements(
+        tenants.guarantee[active], tenants.weight[active], tenants.cap[active], total
+    )
+    speed = _consolidated_speedups(problem, utilities.shape[1])
+    curves = tuple(
+        goodput_curve(utilities, speed, np.nonzero(tenants.of_job == t)[0], int(entitled[t] + 1e-9))
+        for t in range(count)
+    )
+    goodput = np.array([float(curve[1][-1]) for curve in curves])
+    return Isolation(entitled, goodput, curves)
+
+
+def insure(problem: Problem, utilities: FloatArray) -> Quota:
+    """The ISOLATION mode's level 1: single-pool weights, each tenant's floor reserved.
+
+    Budgets as in `weigh` (a tenant may hold up to its cap less the floors of all others), with
+    each tenant's floor raised from its guarantee to the GPUs on which it reaches FLOOR · I_t
+    (at most ⌊E_t⌋ and what its jobs can use, so the floors add up to at most the cluster).
+    Every job weighs alike (single-pool Pollux), so the floors are the only constraint. Sets
+    `problem.weight`; the quota's `goodput` is I_t.
+    """
+    quota = weigh(problem, np.ones(len(Tenants.of_state(problem.state).names)))
+    alone = isolation(problem, utilities, quota.tenants)
+    floor = np.maximum(quota.floor, np.minimum(alone.needs(), quota.ceiling))
+    total = problem.total_gpus
+    budget = np.minimum(quota.tenants.cap, total - (floor.sum() - floor))
+    return replace(quota, floor=floor, budget=budget, goodput=alone.goodput)
+
+
+def secure(
+    problem: Problem, quota: Quota, placed: IntArray, search: Callable[[Quota], IntArray]
+) -> tuple[Quota, IntArray]:
+    """Repair a search that left a tenant below its floor; the final quota and placement.
+
+    Budgets are per tenant (each may hold its cap less the others' floors), so with three
+    tenants or more, two may each take part of the unreserved GPUs and together squeeze a
+    third below its floor. Then the tenants above their floors are held to what they hold
+    less their part (in proportion to their excess) of what the short tenants lack beyond
+    the idle GPUs, and `search` runs again; kept only if the total shortfall shrinks, at most
+    once per tenant.
+    """
+    for _ in range(quota.budget.size):
+        held = quota.usage(placed.sum(axis=1))
+        lack = np.maximum(quota.floor - held, 0)
+        short = lack > 0
+        if not short.any():
+            break
+        excess = np.where(short, 0, np.maximum(held - quota.floor, 0))
+        idle = max(problem.total_gpus - int(held.sum()), 0)
+        want = min(int(lack.sum()) - idle, int(excess.sum()))
+        if want <= 0:
+            break
+        cut = _apportion(want, excess)
+        budget = np.where(short, quota.budget, np.minimum(quota.budget, held - cut))
+        tighter = replace(quota, budget=budget)
+        again = search(tighter)
+        after = np.maximum(quota.floor - tighter.usage(again.sum(axis=1)), 0)
+        if after.sum() >= lack.sum():
+            break
+        quota, placed = tighter, again
+    return quota, placed
+
+
+def _apportion(amount: int, weights: IntArray) -> IntArray:
+    """`amount` split in proportion to `weights` in whole units (largest remainders)."""
+    exact = amount * weights / max(int(weights.sum()), 1)
+    out = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - out), kind="stable")
+    out[order[: amount - int(out.sum())]] += 1
+    return out
 
 
 HORIZON = 600.0
