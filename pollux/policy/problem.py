@@ -77,7 +77,7 @@ class PolluxParams:
     interference_avoidance: bool = True
     max_nodes_per_job: int | None = 16
     epsilon: float = 1e-3
-    tenant_shares: TenantShares = TenantShares.BUDGETS
+    tenant_shares: TenantShares = TenantShares.ISOLATION
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.p):

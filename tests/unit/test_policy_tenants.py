@@ -16,7 +16,7 @@ from pollux.policy.tenants import Tenants, entitlements
 from pollux.policy.types import AllocationDecision, TenantSpec
 from tests.unit.policy_builders import job, nodes, random_state, state
 
-GREEDY = PolluxPolicy()
+GREEDY = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.BUDGETS))  # written for BUDGETS
 RNG = np.random.default_rng(0)
 
 

@@ -156,9 +156,9 @@ def test_guarantees_and_caps_still_hold() -> None:
     assert gpus["b"] <= 6
 
 
-def test_the_mode_is_selectable_and_the_others_are_unchanged() -> None:
+def test_the_mode_is_selectable_and_the_default() -> None:
     assert TenantShares("isolation") is TenantShares.ISOLATION
-    assert PolluxParams().tenant_shares is TenantShares.BUDGETS
+    assert PolluxParams().tenant_shares is TenantShares.ISOLATION  # the default
 
 
 def test_a_floor_squeezed_by_two_other_tenants_is_restored() -> None:
