@@ -183,7 +183,8 @@ class SchedulerServiceServicer:
     def StreamLogs(self, request, context):
         """StreamLogs streams a replica's log from the launcher of the node that runs (or last ran)
         it: clients never dial launchers, whose ports only accept the services' certificates.
-        Errors: NOT_FOUND (no such job, or no node has a replica of that rank),
+        Errors: NOT_FOUND (no such job, or no node has a replica of that rank, of at least
+        min_generation when set: a follower polls with it until the next generation starts),
         UNAVAILABLE (the node's launcher does not answer).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

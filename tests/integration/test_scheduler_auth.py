@@ -147,6 +147,22 @@ async def test_users_act_on_their_own_jobs_and_admins_on_all(secure: Secure, sto
             pass
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "belongs to alice" in str(denied.value.details())
+    assert await code_of(bob.GetJobTimeline(spb.GetJobTimelineRequest(job_id=job.id))) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    # Names and prefixes resolve among the caller's own jobs only: bob learns nothing of
+    # alice's job by guessing its name or a prefix of its id.
+    for reference in (job.spec.name, job.id[:6]):
+        assert await code_of(bob.GetJob(spb.GetJobRequest(job_id=reference))) == (
+            grpc.StatusCode.NOT_FOUND
+        )
+    named = await alice.GetJob(spb.GetJobRequest(job_id=job.spec.name))
+    assert named.job.id == job.id
+    assert await code_of(bob.ListJobs(spb.ListJobsRequest(owner="alice"))) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    theirs = await secure.jobs(admin).ListJobs(spb.ListJobsRequest(owner="alice"))
+    assert [j.id for j in theirs.jobs] == [job.id]
     stored = await store.get_job(job.id)
     assert stored is not None
     assert not stored.value.cancel_requested, "bob's cancel changed nothing"
