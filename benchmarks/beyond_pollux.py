@@ -20,7 +20,9 @@ application, log-uniformly in Sia's measured 15-250 s), round length (`--interva
 workloads (`--fresh 8`: that many workloads per load re-sampled from the published job mix:
 applications and tuned sizes drawn from the pooled 1.0x workloads, submission times drawn
 from their pooled submission times, load × 160 jobs each; seeds not used by the published
-ones). `--variants` adds ablations of the jct mode.
+ones). `--share-profiles` lets jobs of one application pool their step-time measurements
+(`SimConfig.share_profiles`, simulator only so far). `--variants` adds ablations of the jct
+mode.
 
     python benchmarks/beyond_pollux.py --loads 0.5,1.0,1.5 --processes 2
     python benchmarks/beyond_pollux.py --loads 1.0 --restart-delays random:1
@@ -65,6 +67,7 @@ VARIANTS: dict[str, JctParams | None] = {
     "jct-age-restart": JctParams(restart="age"),
     "jct-remaining-restart": JctParams(restart="remaining"),
     "jct-p-1": JctParams(p=-1.0),
+    "jct-expected": JctParams(restart="expected"),  # a memoryless allocation lifetime
 }
 
 
@@ -287,6 +290,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--write-fresh", type=Path, help="also save the fresh workloads as CSVs in this folder"
     )
+    parser.add_argument(
+        "--share-profiles",
+        action="store_true",
+        help="jobs of one application pool their step-time measurements (SimConfig)",
+    )
     parser.add_argument("--processes", type=int, default=None, help="default: one per CPU")
     parser.add_argument("--json", type=Path, help="also write every result here")
     args = parser.parse_args(argv)
@@ -304,7 +312,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def make_config(args: argparse.Namespace) -> SimConfig:
     """The simulator settings of the command line (published ones otherwise)."""
     config = SimConfig(
-        sync_model=SyncModel.LINEAR, interval=args.interval, undeclared_fraction=args.undeclared
+        sync_model=SyncModel.LINEAR,
+        interval=args.interval,
+        undeclared_fraction=args.undeclared,
+        share_profiles=args.share_profiles,
     )
     if args.restart_delays.startswith("random:"):
         seed = int(args.restart_delays.split(":", 1)[1])

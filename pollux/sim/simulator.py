@@ -79,6 +79,10 @@ class SimConfig:
         undeclared_fraction: Fraction of jobs (chosen by a CRC-32 of their names, so the
             same jobs at every load and seed) that declare no remaining work to the policy;
             0 (default): every job declares it (`JobInfo.remaining_work`).
+        share_profiles: Whether a job's throughput fit also uses the step times that earlier
+            and concurrent jobs of the same application measured (a cluster that remembers
+            how each model runs on its hardware; `SimJob.adopt`). False (published): each job
+            profiles itself from nothing, growing at most to twice its largest observed size.
     """
 
     nodes: int = 16
@@ -92,6 +96,7 @@ class SimConfig:
     tenants: tuple[TenantSpec, ...] = ()
     restart_delays: tuple[tuple[str, float], ...] = ()
     undeclared_fraction: float = 0.0
+    share_profiles: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
@@ -286,6 +291,19 @@ class SimJob:
                 self.update_local_bsz()
         self.clock += max(seconds, 0.0)
 
+    def adopt(self, shared: dict[tuple[int, int, int], tuple[float, float]]) -> None:
+        """Add the configurations other jobs of this application measured, and refit.
+
+        Step times depend on the model, the placement and the per-GPU batch, not on the job,
+        so another run's measurements are this job's too; its own rows win where both exist.
+        Gradient statistics stay the job's own.
+        """
+        if self.mode is not JobMode.ADAPTIVE or shared.keys() <= self.profile.keys():
+            return
+        for key, times in shared.items():
+            self.profile.setdefault(key, times)
+        self._refit()
+
     def _observe(
         self, nodes: int, replicas: int, step_time: float, sync_time: float, sqr: float, var: float
     ) -> None:
@@ -295,8 +313,11 @@ class SimJob:
         if key in self.profile:
             return
         self.profile[key] = (step_time, sync_time)
-        if self.mode is not JobMode.ADAPTIVE:
-            return
+        if self.mode is JobMode.ADAPTIVE:
+            self._refit()
+
+    def _refit(self) -> None:
+        """Fit the throughput parameters to every configuration in the profile."""
         n, k, m = (np.array(c) for c in zip(*self.profile, strict=True))
         times = np.array(list(self.profile.values()))
         self.perf = fit_perf_params(
@@ -443,6 +464,7 @@ def simulate(
     index = {name: i for i, name in enumerate(node_names)}
     rng = np.random.default_rng(config.seed)
     memory: object | None = None
+    shared: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = {}
     now, rounds = 0.0, 0
     while not all(job.completed for job in jobs):
         if now > max_time:
@@ -455,6 +477,8 @@ def simulate(
         for job in jobs:
             if job.completed and job.allocation:
                 job.allocation = ()
+        if active and config.share_profiles:
+            _share_profiles(active, shared)
         if active:
             infos = tuple(j.info(now, node_names, config) for j in active)
             state = ClusterState(now, nodes, infos, config.tenants)
@@ -477,6 +501,19 @@ def simulate(
         restarts={j.name: j.restarts or 0 for j in jobs},
         gpu_seconds={j.name: j.attained_service for j in jobs},
     )
+
+
+def _share_profiles(
+    active: Sequence[SimJob], shared: dict[str, dict[tuple[int, int, int], tuple[float, float]]]
+) -> None:
+    """Pool the active jobs' measurements per application, then let each adopt its pool."""
+    for job in active:
+        if job.mode is JobMode.ADAPTIVE and job.profile:
+            shared.setdefault(job.app.name, {}).update(job.profile)
+    for job in active:
+        pool = shared.get(job.app.name)
+        if pool:
+            job.adopt(pool)
 
 
 def _interference(jobs: Sequence[SimJob], slowdown: float) -> dict[str, float]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pollux.policy import PolicyInputError, TenantSpec
 from pollux.policy.jct import (
     JctParams,
+    expected_factor,
     hesrpt_weights,
     inputs,
     ranks,
@@ -256,3 +257,47 @@ def test_jct_mode_is_deterministic(seed):
     a = JCT.allocate(st_, None, np.random.default_rng(0))
     b = JCT.allocate(st_, None, np.random.default_rng(1))
     assert a.allocations == b.allocations
+
+
+# -- the "expected" restart rule ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mean", "left", "delay"),
+    [(600.0, np.nan, 30.0), (600.0, 300.0, 30.0), (60.0, 1e5, 30.0), (1e4, 100.0, 250.0)],
+)
+def test_the_expected_factor_is_the_mean_over_an_exponential_lifetime(mean, left, delay):
+    lifetimes = np.random.default_rng(1).exponential(mean, 400_000)
+    if not np.isnan(left):
+        lifetimes = np.minimum(lifetimes, left)
+    sampled = float(np.mean(lifetimes / (lifetimes + delay)))
+    assert expected_factor(mean, left, delay) == pytest.approx(sampled, abs=3e-3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mean=st.floats(1e-3, 1e8),
+    left=st.one_of(st.just(float("nan")), st.floats(0.0, 1e8)),
+    delay=st.floats(0.0, 1e4),
+)
+def test_the_expected_factor_is_a_fraction_below_the_factor_at_the_mean(mean, left, delay):
+    got = expected_factor(mean, left, delay)
+    assert 0.0 <= got <= 1.0
+    if delay == 0:
+        assert got == 1.0
+        return
+    assert got <= mean / (mean + delay) + 1e-9, "concave in the lifetime (Jensen)"
+    if not np.isnan(left):
+        assert got <= left / (left + delay) + 1e-9, "never outlasts the job"
+        assert expected_factor(mean, left * 2 + 1.0, delay) >= got - 1e-9
+
+
+def test_the_expected_rule_prices_moves_above_the_holding_rule():
+    jobs = [job("a", age=3600.0, restarts=5), job("b", age=3600.0, restarts=0)]
+    problem = Problem(state(jobs, nodes(2)), PolluxParams(p=0.0))
+    remaining, pause = np.array([1e6, np.nan]), np.array([30.0, 30.0])
+    holding = restart_penalties(problem, remaining, pause, "holding")
+    expected = restart_penalties(problem, remaining, pause, "expected")
+    assert expected[0] == pytest.approx(expected_factor(600.0, 1e6, 30.0))
+    assert expected[1] == pytest.approx(expected_factor(3600.0, np.nan, 30.0))
+    assert np.all(expected < holding)

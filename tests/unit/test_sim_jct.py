@@ -125,3 +125,33 @@ def test_the_runner_offers_the_jct_mode_for_pollux_only():
     with pytest.raises(ValueError, match="pollux"):
         make_policy("optimus", "jct")
     assert spec_for("pollux", "jct", interval=120.0).config.interval == 120.0
+
+
+def test_a_job_adopts_what_other_runs_of_its_model_measured():
+    first, second = sim_job(name="cifar10-a"), sim_job(name="cifar10-b")
+    first.atomic_bsz = second.atomic_bsz = 64
+    first._observe(1, 4, 0.5, 0.1, 1.0, 10.0)
+    first._observe(2, 8, 0.6, 0.2, 1.0, 10.0)
+    assert second.perf is None
+    assert second.max_replicas(64) == 1
+    second._observe(1, 1, 0.4, 0.01, 2.0, 20.0)
+    second.adopt(dict(first.profile))
+    assert set(first.profile) <= set(second.profile), "the other run's rows are added"
+    assert second.profile[(1, 1, second.atomic_bsz)] == (0.4, 0.01), "its own rows are kept"
+    assert second.perf is not None
+    assert second.max_replicas(64) == 16, "it may grow to twice the largest size measured"
+    assert second.grad == (2.0, 20.0), "gradient statistics stay its own"
+    before = second.perf
+    second.adopt(dict(first.profile))
+    assert second.perf is before, "nothing new: no refit"
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_shared_profiles_complete_every_job_and_change_only_with_the_setting(share):
+    policy = PolluxPolicy(jct=JctParams())
+    config = replace(SMALL, share_profiles=share)
+    result = simulate(WORKLOAD, APPS, policy, config)
+    assert set(result.jcts) == {j.name for j in WORKLOAD}
+    assert all(t > 0 for t in result.jcts.values())
+    baseline = simulate(WORKLOAD, APPS, policy, SMALL)
+    assert (result.jcts == baseline.jcts) is (not share)
