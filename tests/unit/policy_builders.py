@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+from hypothesis import strategies as st
 
 from pollux.goodput import GoodputModel, GradParams, PerfParams
 from pollux.policy import ClusterState, JobInfo, NodeInfo
-from pollux.policy.types import AllocationDecision, JobExplain
+from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 
 NOW = 3600.0
 
@@ -97,3 +100,29 @@ class Fixed:
         """The fixed allocations, whatever the state."""
         explain = {j: JobExplain(1.0, 1.0, f"holds {len(n)}") for j, n in self.allocations.items()}
         return AllocationDecision(self.allocations, explain, objective=1.0)
+
+
+THREE_TENANTS = {
+    "guarantees": st.lists(st.integers(0, 12), min_size=3, max_size=3),
+    "weights": st.lists(st.floats(0.25, 4.0), min_size=3, max_size=3),
+    "caps": st.lists(st.integers(0, 20), min_size=3, max_size=3),
+}
+"""Hypothesis strategies for `tenant_specs` of three tenants (pass as ``@given(**...)``)."""
+
+
+def tenant_specs(
+    guarantees: list[int], weights: list[float], caps: list[int]
+) -> tuple[TenantSpec, ...]:
+    """Tenants a, b, c … with guarantees clipped to their caps (cap 0: none)."""
+    return tuple(
+        TenantSpec(name, min(g, c) if c else g, w, c)
+        for name, g, w, c in zip(
+            "abcdefgh"[: len(guarantees)], guarantees, weights, caps, strict=True
+        )
+    )
+
+
+def labelled(base: ClusterState, names: str, specs: tuple[TenantSpec, ...]) -> ClusterState:
+    """`base` with job i in tenant ``names[i % len(names)]`` and the tenant table `specs`."""
+    jobs = tuple(replace(j, tenant=names[i % len(names)]) for i, j in enumerate(base.jobs))
+    return replace(base, jobs=jobs, tenants=specs)

@@ -14,7 +14,15 @@ from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.problem import TenantShares
 from pollux.policy.tenants import Tenants, entitlements
 from pollux.policy.types import AllocationDecision, TenantSpec
-from tests.unit.policy_builders import job, nodes, random_state, state
+from tests.unit.policy_builders import (
+    THREE_TENANTS,
+    job,
+    labelled,
+    nodes,
+    random_state,
+    state,
+    tenant_specs,
+)
 
 GREEDY = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.BUDGETS))  # written for BUDGETS
 RNG = np.random.default_rng(0)
@@ -136,20 +144,12 @@ def test_without_tenant_specs_tenant_labels_change_nothing(seed):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 10_000),
-    caps=st.lists(st.integers(0, 20), min_size=3, max_size=3),
-    guarantees=st.lists(st.integers(0, 12), min_size=3, max_size=3),
-    weights=st.lists(st.floats(0.25, 4.0), min_size=3, max_size=3),
-)
+@given(seed=st.integers(0, 10_000), **THREE_TENANTS)
 def test_caps_are_never_exceeded_and_nodes_never_overfilled(seed, caps, guarantees, weights):
     base = random_state(np.random.default_rng(seed), num_nodes=4)
-    specs = tuple(
-        TenantSpec(name, min(g, c) if c else g, w, c)
-        for name, g, w, c in zip("abc", guarantees, weights, caps, strict=True)
-    )
-    jobs = tuple(replace(j, tenant="abcd"[i % 4]) for i, j in enumerate(base.jobs))  # d: default
-    st_ = replace(base, jobs=jobs, tenants=specs)
+    specs = tenant_specs(guarantees, weights, caps)
+    st_ = labelled(base, "abcd", specs)  # d: the default tenant
+    jobs = st_.jobs
     decision = allocate(st_)
     used = held(decision, st_)
     for spec in specs:

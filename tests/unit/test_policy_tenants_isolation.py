@@ -23,7 +23,15 @@ from pollux.policy.tenants import (
     secure,
 )
 from pollux.policy.types import AllocationDecision, TenantSpec
-from tests.unit.policy_builders import job, nodes, random_state, state
+from tests.unit.policy_builders import (
+    THREE_TENANTS,
+    job,
+    labelled,
+    nodes,
+    random_state,
+    state,
+    tenant_specs,
+)
 
 ISOLATION = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.ISOLATION))
 SINGLE_POOL = PolluxPolicy()
@@ -79,22 +87,12 @@ def test_isolated_goodput_grows_with_the_entitlement(seed: int, weight: float) -
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 10_000),
-    guarantees=st.lists(st.integers(0, 12), min_size=3, max_size=3),
-    weights=st.lists(st.floats(0.25, 4.0), min_size=3, max_size=3),
-    caps=st.lists(st.integers(0, 20), min_size=3, max_size=3),
-)
+@given(seed=st.integers(0, 10_000), **THREE_TENANTS)
 def test_floors_reach_the_fraction_within_the_entitlement_and_fit(
     seed: int, guarantees: list[int], weights: list[float], caps: list[int]
 ) -> None:
     base = random_state(np.random.default_rng(seed), num_nodes=4)
-    specs = tuple(
-        TenantSpec(name, min(g, c) if c else g, w, c)
-        for name, g, w, c in zip("abc", guarantees, weights, caps, strict=True)
-    )
-    jobs = tuple(replace(j, tenant="abc"[i % 3]) for i, j in enumerate(base.jobs))
-    st_ = replace(base, jobs=jobs, tenants=specs)
+    st_ = labelled(base, "abc", tenant_specs(guarantees, weights, caps))
     problem = Problem(st_, ISOLATION.params)
     utilities = count_utilities(problem)[0]
     result = isolation(problem, utilities)
