@@ -20,8 +20,9 @@ application, log-uniformly in Sia's measured 15-250 s), round length (`--interva
 workloads (`--fresh 8`: that many workloads per load re-sampled from the published job mix:
 applications and tuned sizes drawn from the pooled 1.0x workloads, submission times drawn
 from their pooled submission times, load × 160 jobs each; seeds not used by the published
-ones). `--share-profiles` lets jobs of one application pool their step-time measurements
-(`SimConfig.share_profiles`, simulator only so far). `--variants` adds ablations of the jct
+ones). `--share-profiles` starts each job from the step times the newest earlier run of its
+application measured (`SimConfig.share_profiles`, what the live scheduler's profile seeding
+does). `--variants` adds ablations of the jct
 mode.
 
     python benchmarks/beyond_pollux.py --loads 0.5,1.0,1.5 --processes 2
@@ -293,7 +294,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--share-profiles",
         action="store_true",
-        help="jobs of one application pool their step-time measurements (SimConfig)",
+        help="seed each job with the newest earlier run's step times (SimConfig)",
     )
     parser.add_argument("--processes", type=int, default=None, help="default: one per CPU")
     parser.add_argument("--json", type=Path, help="also write every result here")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,10 +79,11 @@ class SimConfig:
         undeclared_fraction: Fraction of jobs (chosen by a CRC-32 of their names, so the
             same jobs at every load and seed) that declare no remaining work to the policy;
             0 (default): every job declares it (`JobInfo.remaining_work`).
-        share_profiles: Whether a job's throughput fit also uses the step times that earlier
-            and concurrent jobs of the same application measured (a cluster that remembers
-            how each model runs on its hardware; `SimJob.adopt`). False (published): each job
-            profiles itself from nothing, growing at most to twice its largest observed size.
+        share_profiles: Whether a job starts from the step times the newest earlier run of
+            its application had measured when it was submitted (a cluster that remembers how
+            each model runs on its hardware, as the live scheduler's profile seeding does;
+            `SimJob.adopt`). False (published): each job profiles itself from nothing,
+            growing at most to twice its largest observed size.
     """
 
     nodes: int = 16
@@ -145,6 +146,7 @@ class SimJob:
     attained_service: float = 0.0
     restarts: int | None = None
     completion_time: float | None = None
+    seeded: bool = False
 
     @classmethod
     def create(
@@ -464,7 +466,7 @@ def simulate(
     index = {name: i for i, name in enumerate(node_names)}
     rng = np.random.default_rng(config.seed)
     memory: object | None = None
-    shared: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = {}
+    runs = _runs_by_application(jobs)
     now, rounds = 0.0, 0
     while not all(job.completed for job in jobs):
         if now > max_time:
@@ -478,7 +480,7 @@ def simulate(
             if job.completed and job.allocation:
                 job.allocation = ()
         if active and config.share_profiles:
-            _share_profiles(active, shared)
+            _seed_profiles(active, runs)
         if active:
             infos = tuple(j.info(now, node_names, config) for j in active)
             state = ClusterState(now, nodes, infos, config.tenants)
@@ -503,17 +505,32 @@ def simulate(
     )
 
 
-def _share_profiles(
-    active: Sequence[SimJob], shared: dict[str, dict[tuple[int, int, int], tuple[float, float]]]
-) -> None:
-    """Pool the active jobs' measurements per application, then let each adopt its pool."""
+def _runs_by_application(jobs: Sequence[SimJob]) -> dict[str, list[SimJob]]:
+    """Each application's jobs in submission order (ties: workload order)."""
+    runs: dict[str, list[SimJob]] = {}
+    for job in sorted(jobs, key=lambda j: j.spec.submission_time):
+        runs.setdefault(job.app.name, []).append(job)
+    return runs
+
+
+def _seed_profiles(active: Sequence[SimJob], runs: Mapping[str, Sequence[SimJob]]) -> None:
+    """Seed each newly active job once from the newest earlier run of its application.
+
+    The earlier run is the newest one submitted before the job that has a throughput fit,
+    running or finished, as the live scheduler seeds a submission from the owner's newest
+    earlier job of the same name. Its profile includes what it was seeded with, so a chain
+    of re-runs carries every configuration measured before.
+    """
     for job in active:
-        if job.mode is JobMode.ADAPTIVE and job.profile:
-            shared.setdefault(job.app.name, {}).update(job.profile)
-    for job in active:
-        pool = shared.get(job.app.name)
-        if pool:
-            job.adopt(pool)
+        if job.seeded:
+            continue
+        job.seeded = True
+        earlier = runs[job.app.name]
+        position = next(i for i, other in enumerate(earlier) if other is job)
+        for other in reversed(earlier[:position]):
+            if other.perf is not None and other.mode is JobMode.ADAPTIVE:
+                job.adopt(dict(other.profile))
+                break
 
 
 def _interference(jobs: Sequence[SimJob], slowdown: float) -> dict[str, float]:

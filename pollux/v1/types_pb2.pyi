@@ -245,7 +245,7 @@ class ThroughputParams(_message.Message):
     def __init__(self, alpha_c: _Optional[float] = ..., beta_c: _Optional[float] = ..., alpha_n: _Optional[float] = ..., beta_n: _Optional[float] = ..., alpha_r: _Optional[float] = ..., beta_r: _Optional[float] = ..., gamma: _Optional[float] = ..., sync_model: _Optional[_Union[SyncModel, str]] = ...) -> None: ...
 
 class JobModel(_message.Message):
-    __slots__ = ("job_id", "throughput", "grad_sqr", "grad_var", "batch", "max_profiled_replicas", "observations", "update_time", "agent_id", "work")
+    __slots__ = ("job_id", "throughput", "grad_sqr", "grad_var", "batch", "max_profiled_replicas", "observations", "update_time", "agent_id", "work", "seeded_from")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class JobModel(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
+    SEEDED_FROM_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     throughput: ThroughputParams
     grad_sqr: float
@@ -266,7 +267,8 @@ class JobModel(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     agent_id: str
     work: WorkStatus
-    def __init__(self, job_id: _Optional[str] = ..., throughput: _Optional[_Union[ThroughputParams, _Mapping]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., max_profiled_replicas: _Optional[int] = ..., observations: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_id: _Optional[str] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ...) -> None: ...
+    seeded_from: str
+    def __init__(self, job_id: _Optional[str] = ..., throughput: _Optional[_Union[ThroughputParams, _Mapping]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch: _Optional[_Union[BatchLimits, _Mapping]] = ..., max_profiled_replicas: _Optional[int] = ..., observations: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_id: _Optional[str] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ..., seeded_from: _Optional[str] = ...) -> None: ...
 
 class WorkStatus(_message.Message):
     __slots__ = ("progress", "remaining", "rescale_pause_s")
@@ -305,7 +307,7 @@ class GradientStats(_message.Message):
     def __init__(self, sqr: _Optional[float] = ..., var: _Optional[float] = ...) -> None: ...
 
 class ObservationProfile(_message.Message):
-    __slots__ = ("job_id", "observations", "gradient", "applied_seq", "last_configs", "work")
+    __slots__ = ("job_id", "observations", "gradient", "applied_seq", "last_configs", "work", "seed_observations", "seeded_from")
     class AppliedSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -326,13 +328,17 @@ class ObservationProfile(_message.Message):
     APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
+    SEED_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    SEEDED_FROM_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     observations: _containers.RepeatedCompositeFieldContainer[StepObservation]
     gradient: GradientStats
     applied_seq: _containers.ScalarMap[str, int]
     last_configs: _containers.MessageMap[str, BatchConfig]
     work: WorkStatus
-    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ..., last_configs: _Optional[_Mapping[str, BatchConfig]] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ...) -> None: ...
+    seed_observations: _containers.RepeatedCompositeFieldContainer[StepObservation]
+    seeded_from: str
+    def __init__(self, job_id: _Optional[str] = ..., observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., applied_seq: _Optional[_Mapping[str, int]] = ..., last_configs: _Optional[_Mapping[str, BatchConfig]] = ..., work: _Optional[_Union[WorkStatus, _Mapping]] = ..., seed_observations: _Optional[_Iterable[_Union[StepObservation, _Mapping]]] = ..., seeded_from: _Optional[str] = ...) -> None: ...
 
 class BatchConfig(_message.Message):
     __slots__ = ("local_batch_size", "accum_steps", "total_batch_size", "predicted_speedup")

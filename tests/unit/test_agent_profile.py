@@ -28,6 +28,7 @@ from pollux.agent.profile import (
     with_config,
 )
 from pollux.goodput import UNKNOWN_GRAD, InvalidInputError, PerfParams, SyncModel, step_times
+from pollux.service.seeding import MAX_SEED_ROWS
 from pollux.service.store import MAX_VALUE_BYTES
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
@@ -305,11 +306,14 @@ def test_remembered_shapes_are_bounded_and_keep_the_newest():
 
 
 def test_a_profile_at_every_bound_stays_far_below_the_store_value_limit():
+    assert MAX_SEED_ROWS == MAX_PROFILE_ROWS
     profile = pb.ObservationProfile(job_id="j-" + "f" * 10)
     for i in range(MAX_PROFILE_ROWS):
         row = profile.observations.add()
         row.CopyFrom(obs(nodes=2**32 - 1, replicas=2**32 - 1, local=i + 1, accum=2**32 - 1))
         row.count = 2**32 - 1
+        profile.seed_observations.append(row)  # a seed is bounded as much (MAX_SEED_ROWS)
+    profile.seeded_from = "j-" + "f" * 10
     for rank in range(MAX_APPLIED_SEQ):
         profile.applied_seq[f"{2**64 - 1}/{2**32 - 1 - rank}"] = 2**64 - 1
     for i in range(MAX_SHAPES):

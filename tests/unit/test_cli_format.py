@@ -234,6 +234,12 @@ def test_explanation_text_has_decision_round_batch_and_model():
     assert "Batch:            256 per GPU × 2 steps = total 2048 (predicted speedup 3.400)" in text
     assert "Model:            by agent-1 from 37 observations" in text
     assert "gamma 2 (ring sync)" in text
+    assert "Seeded from" not in text
+    seeded = dataclasses.replace(
+        explanation(),
+        model=dataclasses.replace(explanation().model, seeded_from="j-earlier"),
+    )
+    assert "Seeded from:      j-earlier" in fmt.explanation_text(seeded)
 
 
 def test_explanation_text_before_the_first_round():

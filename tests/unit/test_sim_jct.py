@@ -9,7 +9,7 @@ from pollux.goodput import SyncModel
 from pollux.policy.pollux import JctParams, PolluxPolicy
 from pollux.sim.application import load_published_applications
 from pollux.sim.runner import MODES, make_policy, spec_for
-from pollux.sim.simulator import JobMode, SimConfig, SimJob, simulate
+from pollux.sim.simulator import JobMode, SimConfig, SimJob, _seed_profiles, simulate
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import WorkloadJob
 
@@ -144,6 +144,30 @@ def test_a_job_adopts_what_other_runs_of_its_model_measured():
     before = second.perf
     second.adopt(dict(first.profile))
     assert second.perf is before, "nothing new: no refit"
+
+
+def test_a_new_job_is_seeded_once_from_the_newest_earlier_fitted_run_of_its_application():
+    old, newer, unfitted, bert, new, later = (
+        sim_job(name="cifar10-old"),
+        sim_job(name="cifar10-newer"),
+        sim_job(name="cifar10-unfitted"),
+        sim_job("bert", "bert-0"),
+        sim_job(name="cifar10-new"),
+        sim_job(name="cifar10-later"),
+    )
+    for job, replicas in ((old, 4), (newer, 8), (later, 16)):
+        job.atomic_bsz = 64
+        job._observe(1, replicas, 0.5, 0.1, 1.0, 10.0)
+    unfitted.profile[(1, 2, 64)] = (0.5, 0.1)  # measured, but no throughput fit yet
+    bert.atomic_bsz = 8
+    bert._observe(2, 32, 0.5, 0.1, 1.0, 10.0)
+    runs = {"cifar10": [old, newer, unfitted, new, later], "bert": [bert]}
+    _seed_profiles([new], runs)
+    assert set(new.profile) == set(newer.profile), "the newest earlier run with a fit"
+    assert new.max_replicas(64) == 16
+    newer._observe(1, 12, 0.5, 0.1, 1.0, 10.0)
+    _seed_profiles([new], runs)
+    assert (1, 12, 64) not in new.profile, "seeded once, at its first round"
 
 
 @pytest.mark.parametrize("share", [False, True])

@@ -312,6 +312,7 @@ def model_to_proto(job_id: str, model: ModelSummary) -> pb.JobModel:
         max_profiled_replicas=model.max_profiled_replicas,
         observations=model.observations,
         agent_id=model.agent_id,
+        seeded_from=model.seeded_from,
     )
     if model.progress is not None:
         out.work.progress = model.progress
@@ -364,6 +365,7 @@ def model_from_proto(message: pb.JobModel) -> ModelSummary:
         min_local_batch_size=message.batch.min_local_batch_size,
         max_local_batch_size=message.batch.max_local_batch_size,
         update_time=time_from_proto(message, "update_time"),
+        seeded_from=message.seeded_from,
         **_work_from_proto(message),
     )
 

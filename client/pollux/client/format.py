@@ -416,6 +416,7 @@ def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:
             f"profiled up to {plural(model.max_profiled_replicas, 'replica')}, "
             f"updated {timestamp(model.update_time)}",
         ),
+        *([("Seeded from", model.seeded_from)] if model.seeded_from else []),
         ("Gradient", f"sqr {model.grad_sqr:.4g}, var {model.grad_var:.4g}"),
         (
             "Batch limits",

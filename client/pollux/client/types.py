@@ -323,6 +323,8 @@ class ModelSummary:
     """Declared work left, M0-steps; None when the job declares no size."""
     rescale_pause_s: float | None = None
     """Seconds from SIGTERM to the first step of its latest rescale; None before one."""
+    seeded_from: str = ""
+    """The earlier run whose step times and fit the model started from; "" when none."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pollux.goodput import (
     SyncModel,
     fit_perf_params,
 )
+from pollux.service.seeding import fit_rows
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -236,7 +237,7 @@ def with_config(
 
 def can_fit(profile: pb.ObservationProfile) -> bool:
     """Whether the profile has a row the throughput fit can use (see `fit_observations`)."""
-    return any(o.accum_step_time_s > 0 for o in profile.observations)
+    return any(o.accum_step_time_s > 0 for o in fit_rows(profile))
 
 
 def fit_observations(profile: pb.ObservationProfile) -> Observations | None:
@@ -244,10 +245,11 @@ def fit_observations(profile: pb.ObservationProfile) -> Observations | None:
 
     Rows of one (N, K, m) with different accumulation steps are pooled (count-weighted): the
     model's step times do not depend on accumulation. Rows without a measured accumulation
-    (compute) time are left out: the fit works in log-time and needs both times.
+    (compute) time are left out: the fit works in log-time and needs both times. Seeded rows
+    count only where the job has not measured the (N, K, m) itself (`fit_rows`).
     """
     pooled: dict[tuple[int, int, int], list[float]] = {}
-    for obs in profile.observations:
+    for obs in fit_rows(profile):
         if obs.accum_step_time_s <= 0:
             continue
         row = pooled.setdefault(_config_of(obs)[:3], [0.0, 0.0, 0.0])
@@ -304,9 +306,10 @@ def build_model(
         grad_sqr=profile.gradient.sqr,
         grad_var=profile.gradient.var,
         batch=limits,
-        max_profiled_replicas=max((o.num_replicas for o in profile.observations), default=0),
+        max_profiled_replicas=max((o.num_replicas for o in fit_rows(profile)), default=0),
         observations=observation_count(profile),
         agent_id=agent_id,
+        seeded_from=profile.seeded_from,
     )
     if throughput is not None:
         model.throughput.CopyFrom(throughput)

@@ -835,22 +835,29 @@ class Store:
         """Every job record (key order = id order) and the revision read."""
         return await self.scan(self.keys.prefix(Kind.JOBS), pb.Job)
 
-    async def create_job(self, job: pb.Job) -> tuple[pb.Job, bool]:
+    async def create_job(
+        self, job: pb.Job, seed: tuple[pb.ObservationProfile, pb.JobModel] | None = None
+    ) -> tuple[pb.Job, bool]:
         """Store a new job unless its request id was seen; returns (stored job, created).
 
         The request index and the job are written in one transaction that requires the index to
-        be absent, so two concurrent submits with one request id create one job.
+        be absent, so two concurrent submits with one request id create one job. A `seed`
+        (pollux.service.seeding) is the job's first profile and model, written with it.
         """
-        index = self.keys.request(job.request_id)
+        k = self.keys
+        index = k.request(job.request_id)
         for _ in range(5):
+            ops = [Put(index, job.id.encode()), Put(k.job(job.id), job.SerializeToString())]
+            expect = [Expect(index, 0), Expect(k.job(job.id), 0)]
+            if seed is not None:
+                profile, model = seed
+                ops += [
+                    Put(k.observations(job.id), profile.SerializeToString()),
+                    Put(k.model(job.id), model.SerializeToString()),
+                ]
+                expect += [Expect(k.observations(job.id), 0), Expect(k.model(job.id), 0)]
             try:
-                await self.txn(
-                    [
-                        Put(index, job.id.encode()),
-                        Put(self.keys.job(job.id), job.SerializeToString()),
-                    ],
-                    expect=[Expect(index, 0), Expect(self.keys.job(job.id), 0)],
-                )
+                await self.txn(ops, expect=expect)
                 return job, True
             except Conflict:
                 response = await self._call("Range", rpc.RangeRequest(key=index))

@@ -38,6 +38,10 @@ class SchedulingConfig:
     estimate is its time left on its current GPUs): scheduler/forecaster.py."""
     forecast_round_s: float = 300.0
     """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
+    seed_profiles: bool = True
+    """Start each submission from the step times and throughput fit of its owner's newest
+    earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was
+    measured instead of growing from one GPU; false: every job profiles itself from nothing."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""

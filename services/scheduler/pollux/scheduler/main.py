@@ -143,6 +143,7 @@ class SchedulerApp(ServiceApp):
             if isinstance(policy := self.scheduler.policy, PolluxPolicy)
             else None,
             forecaster=self.forecaster,
+            seed_profiles=scheduling.seed_profiles,
         )
         self.dashboard = (
             Dashboard(

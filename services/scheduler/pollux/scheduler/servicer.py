@@ -41,6 +41,7 @@ from pollux.service.errors import (
 )
 from pollux.service.keys import Kind
 from pollux.service.mirror import ClusterMirror, JobSummary, named
+from pollux.service.seeding import seeded
 from pollux.service.store import Conflict, Entry, Snapshot, Store, decode
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -103,8 +104,12 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         mirror: ClusterMirror | None = None,
         params: PolluxParams | None = None,
         forecaster: Forecaster | None = None,
+        seed_profiles: bool = True,
     ) -> None:
         self.store = store
+        self.seed_profiles = seed_profiles
+        """Whether a submission starts from its owner's newest earlier run of the same name
+        (pollux.service.seeding)."""
         self.params = params
         """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.forecaster = forecaster
@@ -206,7 +211,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         job.create_time.FromNanoseconds(int(now * 1e9))
         entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
         entry.time.CopyFrom(job.create_time)
-        stored, created = await self.store.create_job(job)
+        seed = await self._seed(job, now) if self.seed_profiles else None
+        stored, created = await self.store.create_job(job, seed)
         if not created and (stored.spec != job.spec or stored.owner != job.owner):
             raise FailedPrecondition(
                 f"request_id {request.request_id!r} was already used for job {stored.id} "
@@ -221,9 +227,25 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             name=stored.spec.name,
             owner=stored.owner,
             tenant=stored.tenant,
+            seeded_from=seed[0].seeded_from if created and seed is not None else None,
         )
         await self._leader_metadata(context)
         return spb.SubmitJobResponse(job=redacted(stored), created=created)
+
+    async def _seed(
+        self, job: pb.Job, now: float
+    ) -> tuple[pb.ObservationProfile, pb.JobModel] | None:
+        """The profile and model `job` starts with: its owner's newest earlier fitted run's."""
+        found = await self._newest(
+            job.spec.name, job.owner, lambda model: model.HasField("throughput")
+        )
+        if found is None:
+            return None
+        source, model = found
+        profile = await self.store.get_profile(source)
+        if profile is None:
+            return None
+        return seeded(job, profile.value, model, now_s=now)
 
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
@@ -472,7 +494,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         check_person(caller, "EstimateJob")
         validate_submit(request.spec, "estimate", request.HasField("spec"))
         spec = normalised(request.spec)
-        found = await self._reference(spec.name, owner_filter(caller))
+        found = await self._newest(
+            spec.name, owner_filter(caller), lambda model: reference_work(model) is not None
+        )
         if found is None:
             raise FailedPrecondition(
                 f"no earlier job named {shown(spec.name)} of yours has reported a throughput "
@@ -514,8 +538,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         response.predicted_completion.FromNanoseconds(int(result.completion * 1e9))
         return response
 
-    async def _reference(self, name: str, owner: str | None) -> tuple[str, pb.JobModel] | None:
-        """The newest job named `name` (the owner's, unless None) with a model and a size.
+    async def _newest(
+        self, name: str, owner: str | None, usable: Callable[[pb.JobModel], bool]
+    ) -> tuple[str, pb.JobModel] | None:
+        """The newest job named `name` (the owner's, unless None) with a `usable` model.
 
         From the mirror's job index once it holds this replica's job writes (as ListJobs
         reads), else from etcd.
@@ -536,7 +562,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         named = sorted((j for j in jobs if j.spec.name == name), key=_order, reverse=True)
         for job in named[:50]:
             entry = await self.store.get_model(job.id)
-            if entry is not None and reference_work(entry.value) is not None:
+            if entry is not None and usable(entry.value):
                 return job.id, entry.value
         return None
 
