@@ -37,7 +37,7 @@ async def submit(replica: Replica, name: str, request_id: str) -> pb.Job:
 
 @pytest.fixture
 async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-seed")).start()
+    r = await Replica(store, config(etcd, root, "s-seed", mode="jct")).start()  # seeds by default
     try:
         yield r
     finally:
@@ -146,9 +146,14 @@ async def test_only_the_owners_jobs_of_the_same_name_with_a_fit_seed_a_submissio
         assert await store.get_profile(rerun.id) is None
 
 
-async def test_seeding_can_be_turned_off(etcd: EtcdServer, root: str, store: Store) -> None:
-    base = config(etcd, root, "s-noseed")
-    off = replace(base, scheduling=replace(base.scheduling, seed_profiles=False))
+@pytest.mark.parametrize(
+    ("mode", "seed_profiles"), [("jct", False), ("faithful", None)], ids=["off", "faithful"]
+)
+async def test_seeding_can_be_turned_off_and_the_faithful_mode_does_not_seed(
+    etcd: EtcdServer, root: str, store: Store, mode: str, seed_profiles: bool | None
+) -> None:
+    base = config(etcd, root, "s-noseed", mode=mode)
+    off = replace(base, scheduling=replace(base.scheduling, seed_profiles=seed_profiles))
     r = await Replica(store, off).start()
     try:
         async with running_agent(etcd, root, "agent-a") as agent:

@@ -18,6 +18,23 @@ def test_the_jct_mode_is_a_mode_of_the_pollux_policy_only() -> None:
     assert make_policy("pollux", 30.0).jct is None  # type: ignore[attr-defined]
 
 
+def test_the_jct_restart_rule_is_checked_and_reaches_the_policy() -> None:
+    assert SchedulingConfig(mode="jct", jct_restart="expected").problems() == []
+    assert SchedulingConfig(jct_restart="never").problems() == [
+        "jct_restart: 'never' is not one of holding, expected"
+    ]
+    policy = make_policy("pollux", 30.0, "jct", "expected")
+    assert policy.jct.restart == "expected"  # type: ignore[attr-defined]
+    assert make_policy("pollux", 30.0, "jct").jct.restart == "holding"  # type: ignore[attr-defined]
+
+
+def test_seeding_follows_the_mode_unless_set() -> None:
+    assert SchedulingConfig(mode="jct").seeds
+    assert not SchedulingConfig().seeds, "the faithful mode stays the published system"
+    assert SchedulingConfig(seed_profiles=True).seeds
+    assert not SchedulingConfig(mode="jct", seed_profiles=False).seeds
+
+
 def test_forecast_settings_are_bounded() -> None:
     assert SchedulingConfig(forecast_interval_s=0).problems() == []  # forecasts off
     assert SchedulingConfig(forecast_interval_s=-1, forecast_round_s=0).problems() == [

@@ -11,6 +11,7 @@ from pollux.service.maintenance import MaintenanceSettings
 
 POLICIES = ("pollux", "optimus", "tiresias")
 MODES = ("faithful", "jct")
+JCT_RESTARTS = ("holding", "expected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +39,21 @@ class SchedulingConfig:
     estimate is its time left on its current GPUs): scheduler/forecaster.py."""
     forecast_round_s: float = 300.0
     """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
-    seed_profiles: bool = True
+    jct_restart: str = "holding"
+    """Of the jct mode: how long a re-allocation is expected to last when its restart pause is
+    priced (pollux.policy.jct.JctParams.restart): "holding" (the job's mean holding time, cut
+    at its remaining time) or "expected" (the mean over an exponential lifetime of that mean:
+    fewer restarts, a little more JCT; README "Beyond Pollux")."""
+    seed_profiles: bool | None = None
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was
-    measured instead of growing from one GPU; false: every job profiles itself from nothing."""
+    measured instead of growing from one GPU. Unset (default): in the jct mode only, so the
+    faithful mode stays the published system, where every job profiles itself from nothing."""
+
+    @property
+    def seeds(self) -> bool:
+        """Whether submissions are seeded (`seed_profiles`, resolved)."""
+        return self.mode == "jct" if self.seed_profiles is None else self.seed_profiles
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
@@ -52,6 +64,8 @@ class SchedulingConfig:
             out.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
         elif self.mode != "faithful" and self.policy != "pollux":
             out.append(f"mode: {self.mode!r} is a mode of the pollux policy, not of {self.policy}")
+        if self.jct_restart not in JCT_RESTARTS:
+            out.append(f"jct_restart: {self.jct_restart!r} is not one of {', '.join(JCT_RESTARTS)}")
         if self.interval_s <= 0:
             out.append("interval_s: must be > 0")
         if self.debounce_s < 0:

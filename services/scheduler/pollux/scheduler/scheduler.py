@@ -13,11 +13,13 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from pollux.policy.jct import RestartRule
 from pollux.policy.optimus import OptimusPolicy
 from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
@@ -101,10 +103,13 @@ def merged(chunk: list[Group]) -> Group:
     return [op for ops, _ in chunk for op in ops], [e for _, expect in chunk for e in expect]
 
 
-def make_policy(name: str, restart_delay_s: float, mode: str = "faithful") -> Policy:
-    """The policy object for a configured name (and, for pollux, mode)."""
+def make_policy(
+    name: str, restart_delay_s: float, mode: str = "faithful", jct_restart: str = "holding"
+) -> Policy:
+    """The policy object for a configured name (and, for pollux, mode and restart rule)."""
     if name == "pollux":
-        jct = JctParams() if mode == "jct" else None
+        rule = cast(RestartRule, jct_restart)
+        jct = JctParams(restart=rule) if mode == "jct" else None
         return PolluxPolicy(PolluxParams(restart_delay=restart_delay_s), jct=jct)
     if name == "optimus":
         return OptimusPolicy()
@@ -146,7 +151,9 @@ class Scheduler:
         self.member = pb.Member(id=config.id, address=address)
         self.clock = clock
         scheduling = config.scheduling
-        self.policy = make_policy(scheduling.policy, scheduling.restart_delay_s, scheduling.mode)
+        self.policy = make_policy(
+            scheduling.policy, scheduling.restart_delay_s, scheduling.mode, scheduling.jct_restart
+        )
         self.rng = np.random.default_rng(config.scheduling.seed)
         self.leadership = Leadership()
         self.last_round = 0
