@@ -559,9 +559,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         else:
             listed, _ = await self.store.list_jobs()
             jobs = [e.value for e in listed if owner is None or e.value.owner == owner]
-        named = sorted((j for j in jobs if j.spec.name == name), key=_order, reverse=True)
-        for job in named[:50]:
-            entry = await self.store.get_model(job.id)
+        named = sorted((j for j in jobs if j.spec.name == name), key=_order, reverse=True)[:50]
+        models = await self.store.get_many(
+            [self.store.keys.model(j.id) for j in named], pb.JobModel
+        )
+        for job, entry in zip(named, models, strict=True):
             if entry is not None and usable(entry.value):
                 return job.id, entry.value
         return None
