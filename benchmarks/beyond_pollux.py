@@ -71,6 +71,8 @@ VARIANTS: dict[str, JctParams | None] = {
     "jct-remaining-restart": JctParams(restart="remaining"),
     "jct-p-1": JctParams(p=-1.0),
     "jct-expected": JctParams(restart="expected"),  # a memoryless allocation lifetime
+    "jct-no-reversals": JctParams(reversals=False),  # a move priced at its own pause only
+    "jct-expected-no-reversals": JctParams(restart="expected", reversals=False),
 }
 
 

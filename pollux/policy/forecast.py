@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pollux.goodput import best_batch
+from pollux.policy.jct import resize_history
 from pollux.policy.types import Allocation, ClusterState, JobInfo, Policy
 
 HORIZON_S = 14 * 86400.0
@@ -119,19 +120,35 @@ def forecast(
                     continue
                 remaining -= rate * run
             explored = max(job.max_replicas, min(2 * len(allocation), _limit(job, total, caps)))
-            left.append(
-                replace(
-                    job,
-                    allocation=allocation,
-                    max_replicas=explored,
-                    remaining_work=remaining,
-                    restarts=job.restarts + int(moved and bool(job.allocation)),
-                    attained_service=job.attained_service + len(allocation) * round_s,
-                )
+            after = replace(
+                job,
+                allocation=allocation,
+                max_replicas=explored,
+                remaining_work=remaining,
+                restarts=job.restarts + int(moved and bool(job.allocation)),
+                attained_service=job.attained_service + len(allocation) * round_s,
             )
+            left.append(_resized(job, after))
         jobs = left
         now += round_s
     return Forecast(completion=completion, rounds=rounds)
+
+
+def _resized(before: JobInfo, after: JobInfo) -> JobInfo:
+    """`after` with the resize record of going from `before`'s GPUs to its own.
+
+    A first allocation (a job that has never held GPUs) is not a resize.
+    """
+    if not before.allocation and before.restarts == 0 and before.resizes == 0:
+        return after
+    resizes, reversals, last = resize_history(
+        before.resizes,
+        before.reversals,
+        before.last_resize,
+        len(before.allocation),
+        len(after.allocation),
+    )
+    return replace(after, resizes=resizes, reversals=reversals, last_resize=last)
 
 
 def _limit(job: JobInfo, total: int, caps: Mapping[str, int] | None) -> int:

@@ -92,6 +92,12 @@ class JobInfo:
         restart_pause_s: Seconds a re-allocation of this job costs (its measured checkpoint-
             restart pause); None: the policy's `PolluxParams.restart_delay`. Only the "jct"
             mode reads it; the faithful policy always uses the flat delay, as published.
+        resizes: Changes of the job's GPU count after its first allocation (suspension and
+            resumption included; a move to as many GPUs elsewhere is not one).
+        reversals: Resizes that undid the direction of the one before (a grow after a
+            shrink, a shrink after a grow). Only the "jct" mode reads these two
+            (`pollux.policy.jct.reversal_odds`); `resize_history` keeps them.
+        last_resize: Direction of the latest resize: +1 grew, −1 shrank, 0 none yet.
     """
 
     name: str
@@ -108,6 +114,9 @@ class JobInfo:
     tenant: str = ""
     remaining_work: float | None = None
     restart_pause_s: float | None = None
+    resizes: int = 0
+    reversals: int = 0
+    last_resize: int = 0
 
 
 @dataclass(frozen=True, slots=True)

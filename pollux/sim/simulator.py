@@ -32,6 +32,7 @@ from pollux.goodput import (
     best_batch,
     fit_perf_params,
 )
+from pollux.policy.jct import resize_history
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
 from pollux.sim.application import Application, split_fixed_batch
 from pollux.sim.workload import WorkloadJob
@@ -147,6 +148,8 @@ class SimJob:
     restarts: int | None = None
     completion_time: float | None = None
     seeded: bool = False
+    resizes: tuple[int, int, int] = (0, 0, 0)
+    """(resizes, reversals, last_resize), as `JobInfo` has them (`jct.resize_history`)."""
 
     @classmethod
     def create(
@@ -242,6 +245,8 @@ class SimJob:
 
     def reallocate(self, allocation: tuple[int, ...], restart_delay: float) -> None:
         """Apply a new allocation; a non-empty one costs a checkpoint-restart (§5.2)."""
+        if self.restarts is not None:
+            self.resizes = resize_history(*self.resizes, len(self.allocation), len(allocation))
         self.allocation = allocation
         if allocation:
             self.update_local_bsz()
@@ -357,6 +362,9 @@ class SimJob:
             submission_time=self.spec.submission_time,
             allocation=tuple(node_names[n] for n in self.allocation),
             restarts=self.restarts or 0,
+            resizes=self.resizes[0],
+            reversals=self.resizes[1],
+            last_resize=self.resizes[2],
             attained_service=self.attained_service,
             max_replicas=self.max_replicas(config.max_replicas),
             model=self.goodput_model() if self.mode is JobMode.ADAPTIVE else None,

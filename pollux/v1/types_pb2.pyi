@@ -146,7 +146,7 @@ class StateTransition(_message.Message):
     def __init__(self, state: _Optional[_Union[JobState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds", "owner", "tenant", "estimated_completion", "cancel_reason")
+    __slots__ = ("id", "spec", "request_id", "state", "history", "create_time", "cancel_requested", "restarts", "failures", "allocation", "finish_time", "attained_gpu_seconds", "owner", "tenant", "estimated_completion", "cancel_reason", "resizes", "reversals", "last_resize")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,9 @@ class Job(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_COMPLETION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REASON_FIELD_NUMBER: _ClassVar[int]
+    RESIZES_FIELD_NUMBER: _ClassVar[int]
+    REVERSALS_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESIZE_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     request_id: str
@@ -179,7 +182,10 @@ class Job(_message.Message):
     tenant: str
     estimated_completion: _timestamp_pb2.Timestamp
     cancel_reason: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ..., owner: _Optional[str] = ..., tenant: _Optional[str] = ..., estimated_completion: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_reason: _Optional[str] = ...) -> None: ...
+    resizes: int
+    reversals: int
+    last_resize: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., history: _Optional[_Iterable[_Union[StateTransition, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., restarts: _Optional[int] = ..., failures: _Optional[int] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attained_gpu_seconds: _Optional[float] = ..., owner: _Optional[str] = ..., tenant: _Optional[str] = ..., estimated_completion: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_reason: _Optional[str] = ..., resizes: _Optional[int] = ..., reversals: _Optional[int] = ..., last_resize: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("nodes", "generation", "time", "round")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pollux.policy.forecast import forecast, progress_rate
+from pollux.policy.forecast import _resized, forecast, progress_rate
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from tests.unit.policy_builders import NOW, Fixed, job, nodes, random_state, state
@@ -121,3 +121,12 @@ def test_a_new_job_explores_beyond_its_first_gpus_up_to_its_cap() -> None:
     alone_on_one = NOW + 20_000.0 / progress_rate(new, ("n0",))
     assert capped.completion["new"] == pytest.approx(alone_on_one)
     assert explored.completion["new"] - NOW < 0.6 * (alone_on_one - NOW)  # 8 GPUs help
+
+
+def test_a_forecast_round_keeps_each_jobs_resize_record() -> None:
+    running = replace(job("a", on=("n0",) * 4), resizes=2, reversals=0, last_resize=1)
+    shrunk = _resized(running, replace(running, allocation=("n0",) * 2))
+    assert (shrunk.resizes, shrunk.reversals, shrunk.last_resize) == (3, 1, -1)
+    fresh = job("b")
+    started = _resized(fresh, replace(fresh, allocation=("n0",)))
+    assert (started.resizes, started.reversals, started.last_resize) == (0, 0, 0)

@@ -1,5 +1,6 @@
 """The jct mode of the Pollux policy: its maths, its guards, and jobs that declare nothing."""
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 
@@ -16,7 +17,9 @@ from pollux.policy.jct import (
     inputs,
     ranks,
     remaining_seconds,
+    resize_history,
     restart_penalties,
+    reversal_odds,
 )
 from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.problem import Problem, TenantShares
@@ -301,3 +304,52 @@ def test_the_expected_rule_prices_moves_above_the_holding_rule():
     assert expected[0] == pytest.approx(expected_factor(600.0, 1e6, 30.0))
     assert expected[1] == pytest.approx(expected_factor(3600.0, np.nan, 30.0))
     assert np.all(expected < holding)
+
+
+# -- moves priced with their reversal --------------------------------------------------------------
+
+
+def test_the_resize_record_counts_direction_changes_only():
+    record = (0, 0, 0)
+    for old, new in ((2, 4), (4, 8), (8, 8), (8, 4), (4, 0), (0, 6)):
+        record = resize_history(*record, old, new)
+    # grow, grow, (a move: nothing), shrink (undoes), suspend (same way), resume (undoes)
+    assert record == (5, 2, 1)
+
+
+@given(st.lists(st.integers(0, 16), min_size=1, max_size=40))
+def test_reversal_odds_stay_strictly_between_zero_and_one(sizes):
+    record = (0, 0, 0)
+    for old, new in itertools.pairwise(sizes):
+        record = resize_history(*record, old, new)
+    resizes, reversals, _last = record
+    assert 0 <= reversals <= max(resizes - 1, 0)
+    odds = reversal_odds(replace(job("a"), resizes=resizes, reversals=reversals))
+    assert 0.0 < odds < 1.0
+
+
+def test_laplaces_rule_gives_a_half_without_a_record_and_follows_the_record():
+    def odds(resizes: int, reversals: int) -> float:
+        return reversal_odds(replace(job("a"), resizes=resizes, reversals=reversals))
+
+    assert odds(0, 0) == odds(1, 0) == 0.5
+    assert odds(11, 10) == pytest.approx(11 / 12), "a job that undoes every move"
+    assert odds(11, 0) == pytest.approx(1 / 12), "a job that only grows"
+
+
+def test_a_move_is_priced_with_the_pause_of_its_likely_reversal_but_a_first_start_is_not():
+    back_and_forth = replace(job("flip", on=("n0",) * 2, age=3600.0, restarts=5), resizes=5,
+                             reversals=4, last_resize=-1)  # fmt: skip
+    growing = replace(job("grow", on=("n1",) * 2, age=3600.0, restarts=5), resizes=5,
+                      last_resize=1)  # fmt: skip
+    fresh = job("new", age=3600.0)
+    problem = Problem(state([back_and_forth, growing, fresh], nodes(4)), PolluxParams(p=0.0))
+    remaining, pause = np.full(3, np.nan), np.full(3, 30.0)
+    plain = restart_penalties(problem, remaining, pause, "holding")
+    priced = restart_penalties(problem, remaining, pause, "holding", reversals=True)
+    hold = 3600.0 / 6
+    assert priced[0] == pytest.approx(hold / (hold + 30.0 * (1 + 5 / 6)))
+    assert priced[1] == pytest.approx(hold / (hold + 30.0 * (1 + 1 / 6)))
+    assert priced[2] == plain[2], "nothing to undo before a first allocation"
+    assert np.all(priced <= plain)
+    assert JctParams().reversals, "the mode's default"

@@ -179,3 +179,14 @@ def test_shared_profiles_complete_every_job_and_change_only_with_the_setting(sha
     assert all(t > 0 for t in result.jcts.values())
     baseline = simulate(WORKLOAD, APPS, policy, SMALL)
     assert (result.jcts == baseline.jcts) is (not share)
+
+
+def test_a_simulated_job_keeps_its_resize_record_for_the_policy():
+    job = sim_job()
+    job.reallocate((0,), 30.0)  # its first allocation: not a resize
+    for allocation in ((0, 0, 1, 1), (0, 1, 1, 1), (0, 1), (), (0, 0)):
+        job.reallocate(allocation, 30.0)
+    # grow, (a move to as many GPUs: nothing), shrink (undoes), suspend, resume (undoes)
+    assert job.resizes == (4, 2, 1)
+    info = job.info(0.0, NAMES, SMALL)
+    assert (info.resizes, info.reversals, info.last_resize) == (4, 2, 1)

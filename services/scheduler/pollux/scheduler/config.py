@@ -40,10 +40,10 @@ class SchedulingConfig:
     forecast_round_s: float = 300.0
     """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
     jct_restart: str = "holding"
-    """Of the jct mode: how long a re-allocation is expected to last when its restart pause is
-    priced (pollux.policy.jct.JctParams.restart): "holding" (the job's mean holding time, cut
-    at its remaining time) or "expected" (the mean over an exponential lifetime of that mean:
-    fewer restarts, a little more JCT; README "Beyond Pollux")."""
+    """Of the jct mode: how a re-allocation's lifetime is taken when its restart pause is
+    priced (pollux.policy.jct.JctParams.restart): "holding" (the job's mean holding time) or
+    "expected" (the mean over an exponential lifetime of that mean: about a quarter fewer
+    restarts, more JCT at low load; README "Beyond Pollux")."""
     seed_profiles: bool | None = None
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was

@@ -35,6 +35,7 @@ from pollux.goodput import (
     iteration_time,
 )
 from pollux.goodput import errors as goodput_errors
+from pollux.policy.jct import resize_history
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
@@ -391,6 +392,10 @@ def _reallocate(
 ) -> None:
     """Give a job `nodes` as a new generation, moving its state to match."""
     had = bool(job.allocation.nodes)
+    if had or job.allocation.generation > 0:  # it has held GPUs: not its first allocation
+        job.resizes, job.reversals, job.last_resize = resize_history(
+            job.resizes, job.reversals, job.last_resize, len(job.allocation.nodes), len(nodes)
+        )
     job.attained_gpu_seconds = _held_seconds(job, now)
     generation = job.allocation.generation + 1
     job.ClearField("allocation")
@@ -542,6 +547,9 @@ def _job_info(
         tenant=job.tenant,
         remaining_work=remaining,
         restart_pause_s=pause,
+        resizes=int(job.resizes),
+        reversals=int(job.reversals),
+        last_resize=int(job.last_resize),
     )
 
 
