@@ -53,6 +53,22 @@ def _logging_restored() -> Iterator[None]:
         root.setLevel(level)
 
 
+CLIENT_ENV = ("POLLUX_CONTEXT", "POLLUX_SERVER", "POLLUX_CA", "POLLUX_TOKEN")
+
+
+@pytest.fixture(autouse=True)
+def _no_personal_cli_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's own `pollux-cli` settings out of every test.
+
+    `pollux-up` writes a context (its CA and token, made current) to ~/.config/pollux: a CLI
+    call in a test would then speak TLS to the test's plaintext server and fail, depending on
+    what was run on the machine before. Tests that want a config set POLLUX_CONFIG themselves.
+    """
+    monkeypatch.setenv("POLLUX_CONFIG", str(tmp_path / "no-pollux-config.toml"))
+    for name in CLIENT_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def etcd() -> Iterator[EtcdServer]:
     """A real etcd on free loopback ports, for the whole session."""
