@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pollux.goodput import best_batch
-from pollux.policy.jct import resize_history
+from pollux.policy.jct import has_held_gpus, resize_history
 from pollux.policy.types import Allocation, ClusterState, JobInfo, Policy
 
 HORIZON_S = 14 * 86400.0
@@ -139,7 +139,7 @@ def _resized(before: JobInfo, after: JobInfo) -> JobInfo:
 
     A first allocation (a job that has never held GPUs) is not a resize.
     """
-    if not before.allocation and before.restarts == 0 and before.resizes == 0:
+    if not has_held_gpus(before):
         return after
     resizes, reversals, last = resize_history(
         before.resizes,

@@ -196,6 +196,11 @@ def pauses(problem: Problem) -> FloatArray:
     )
 
 
+def has_held_gpus(job: JobInfo) -> bool:
+    """Whether the job has had an allocation: its next one is a move, not its first start."""
+    return bool(job.allocation or job.restarts or job.resizes)
+
+
 def reversal_odds(job: JobInfo) -> float:
     """The chance that the job's next move will be undone: Laplace's rule over its record."""
     pairs = max(job.resizes - 1, 0)
@@ -232,7 +237,7 @@ def restart_penalties(
     out = np.ones(problem.num_jobs)
     for j, job in enumerate(problem.state.jobs):
         delay, left = float(pause[j]), float(remaining[j])
-        if reversals and (job.allocation or job.restarts or job.resizes):
+        if reversals and has_held_gpus(job):
             delay *= 1.0 + reversal_odds(job)  # a first allocation has nothing to undo
         age = max(now - job.submission_time, 0.0)
         if delay <= 0:

@@ -148,7 +148,7 @@ class SimJob:
     restarts: int | None = None
     completion_time: float | None = None
     seeded: bool = False
-    resizes: tuple[int, int, int] = (0, 0, 0)
+    resize_record: tuple[int, int, int] = (0, 0, 0)
     """(resizes, reversals, last_resize), as `JobInfo` has them (`jct.resize_history`)."""
 
     @classmethod
@@ -246,7 +246,9 @@ class SimJob:
     def reallocate(self, allocation: tuple[int, ...], restart_delay: float) -> None:
         """Apply a new allocation; a non-empty one costs a checkpoint-restart (§5.2)."""
         if self.restarts is not None:
-            self.resizes = resize_history(*self.resizes, len(self.allocation), len(allocation))
+            self.resize_record = resize_history(
+                *self.resize_record, len(self.allocation), len(allocation)
+            )
         self.allocation = allocation
         if allocation:
             self.update_local_bsz()
@@ -362,9 +364,9 @@ class SimJob:
             submission_time=self.spec.submission_time,
             allocation=tuple(node_names[n] for n in self.allocation),
             restarts=self.restarts or 0,
-            resizes=self.resizes[0],
-            reversals=self.resizes[1],
-            last_resize=self.resizes[2],
+            resizes=self.resize_record[0],
+            reversals=self.resize_record[1],
+            last_resize=self.resize_record[2],
             attained_service=self.attained_service,
             max_replicas=self.max_replicas(config.max_replicas),
             model=self.goodput_model() if self.mode is JobMode.ADAPTIVE else None,

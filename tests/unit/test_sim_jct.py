@@ -187,6 +187,6 @@ def test_a_simulated_job_keeps_its_resize_record_for_the_policy():
     for allocation in ((0, 0, 1, 1), (0, 1, 1, 1), (0, 1), (), (0, 0)):
         job.reallocate(allocation, 30.0)
     # grow, (a move to as many GPUs: nothing), shrink (undoes), suspend, resume (undoes)
-    assert job.resizes == (4, 2, 1)
+    assert job.resize_record == (4, 2, 1)
     info = job.info(0.0, NAMES, SMALL)
     assert (info.resizes, info.reversals, info.last_resize) == (4, 2, 1)
