@@ -14,6 +14,7 @@ import pytest
 
 from pollux.agent.profile import fit_profile, perf_from_pb
 from pollux.goodput import step_times
+from pollux.scheduler.config import RetentionConfig
 from pollux.service.seeding import fit_rows
 from pollux.service.store import Store
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -165,3 +166,46 @@ async def test_seeding_can_be_turned_off_and_the_faithful_mode_does_not_seed(
             assert await store.get_model(second.id) is None
     finally:
         await r.stop()
+
+
+async def test_a_rerun_after_retention_swept_the_earlier_run_is_still_seeded_from_it(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    """Retention keeps the newest finished run's model and profile until a newer run has them."""
+    base = config(etcd, root, "s-retain", mode="jct")
+    quick = RetentionConfig(finished_grace_s=0.3, sweep_interval_s=0.1, profile_days=1.0)
+    r = await Replica(store, replace(base, retention=quick)).start()
+    try:
+        async with running_agent(etcd, root, "agent-a") as agent:
+            first = await submit(r, "resnet", "retain-1")
+            await agent.stub.ReportMetrics(report(1, observation(1, 4, 64), job_id=first.id))
+            await finish(r, store, first)
+            assert await store.get_model(first.id) is not None, "the newest run's model stays"
+            assert await store.get_profile(first.id) is not None, "and so does its profile"
+
+            second = await submit(r, "resnet", "retain-2")
+            seed = await store.get_profile(second.id)
+            assert seed is not None
+            assert seed.value.seeded_from == first.id
+
+            async def superseded() -> bool:
+                return (
+                    await store.get_model(first.id) is None
+                    and await store.get_profile(first.id) is None
+                )
+
+            await eventually(superseded, 15, "the superseded run's model and profile to go")
+            await finish(r, store, second)
+            assert await store.get_profile(second.id) is not None, "it is the newest run now"
+    finally:
+        await r.stop()
+
+
+async def finish(replica: Replica, store: Store, job: pb.Job) -> None:
+    """Cancel a job and wait until the sweep has taken its side state (its idempotency key)."""
+    await replica.stub.CancelJob(spb.CancelJobRequest(job_id=job.id))
+
+    async def swept() -> bool:
+        return not await store.list_keys(store.keys.request(job.request_id))
+
+    await eventually(swept, 15, "the finished job's side state to be swept")

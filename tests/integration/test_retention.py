@@ -10,7 +10,7 @@ import pytest
 
 from pollux.scheduler.accounting import day_of
 from pollux.scheduler.config import RetentionConfig
-from pollux.scheduler.retention import SweepPlan, sweep
+from pollux.scheduler.retention import SweepPlan, Swept, sweep
 from pollux.service.bootstrap import create_token
 from pollux.service.keys import Kind
 from pollux.service.store import Entry, Fence, FenceLost, Store
@@ -105,7 +105,7 @@ async def test_a_deposed_leaders_sweep_deletes_nothing(store: Store) -> None:
     assert entry is not None
     stale = Fence(key=store.keys.leader(0xDEAD), revision=1)  # no such election key
     with pytest.raises(FenceLost):
-        await sweep(store, SweepPlan(expired=[entry]), stale, set())
+        await sweep(store, SweepPlan(expired=[entry]), stale, Swept())
     assert await store.get(store.keys.job(record.id), pb.Job) is not None
     assert await store.list_keys(store.keys.model(record.id))
 
@@ -122,8 +122,7 @@ async def test_a_record_changed_since_the_sweep_read_it_is_skipped_alone(store: 
         assert got is not None
         entries.append(got)
     await store.put(store.keys.job("b"), pb.Job(id="b", request_id="r-b", restarts=1))
-    swept: set[str] = set()
-    assert await sweep(store, SweepPlan(expired=entries), fence, swept) == (0, 1)
+    assert await sweep(store, SweepPlan(expired=entries), fence, Swept()) == (0, 1)
     assert await store.get(store.keys.job("a"), pb.Job) is None
     assert await store.get(store.keys.job("b"), pb.Job) is not None
 

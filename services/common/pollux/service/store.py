@@ -334,20 +334,24 @@ def decode(cls: type[M], data: bytes, key: bytes) -> M:
     return message
 
 
-def side_state_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:
+def side_state_deletes(
+    keys: Keys, job: pb.Job, *, keep_profile: bool = False
+) -> list[Put | Delete]:
     """Deletes of everything stored for a job besides its record.
 
     That is its idempotency key, model, observation profile, allocation and replica statuses:
     what serves a running job. Its timeline is not: it is the finished job's picture, and goes
-    with the record (`record_deletes`).
+    with the record (`record_deletes`). With `keep_profile`, the model and observation profile
+    stay: a finished run's measurements that a later run of its name is seeded from.
     """
-    return [
+    deletes: list[Put | Delete] = [
         Delete(keys.request(job.request_id)),
-        Delete(keys.model(job.id)),
-        Delete(keys.observations(job.id)),
         Delete(keys.allocation(job.id)),
         Delete(keys.replicas_of(job.id), prefix=True),
     ]
+    if not keep_profile:
+        deletes += [Delete(keys.model(job.id)), Delete(keys.observations(job.id))]
+    return deletes
 
 
 def record_deletes(keys: Keys, job: pb.Job) -> list[Put | Delete]:

@@ -100,6 +100,14 @@ class RetentionConfig:
     deleted this long after it ends."""
     retention_days: float = 30.0
     """A finished job's record is deleted this long after it ends (GetJob: NOT_FOUND)."""
+    profile_days: float = 7.0
+    """The model and observation profile of each owner's newest finished run of a name outlive
+    finished_grace_s by this long (never the record), so a later re-run is seeded from its
+    step times and `estimate` can use its goodput; a newer run of the name supersedes them at
+    once (0 = they go with the rest of the side state)."""
+    profile_max_jobs: int = 1000
+    """At most this many finished runs keep their model and profile so (the latest finished
+    win), which bounds what names used once cost etcd."""
     sweep_interval_s: float = 60.0
     """How often the leader looks for finished jobs to clean up."""
     audit_days: float = 90.0
@@ -122,6 +130,10 @@ class RetentionConfig:
             out.append("retention_days: must cover at least finished_grace_s")
         if self.sweep_interval_s <= 0:
             out.append("sweep_interval_s: must be > 0")
+        if self.profile_days < 0:
+            out.append("profile_days: must be >= 0 (0 = not kept)")
+        if self.profile_max_jobs < 0:
+            out.append("profile_max_jobs: must be >= 0 (0 = not kept)")
         return out
 
 

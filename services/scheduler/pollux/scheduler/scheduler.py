@@ -30,7 +30,7 @@ from pollux.scheduler.cluster_metrics import CLUSTER
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.cycle import KnownJob, Recorded, RoundPlan, plan_round
 from pollux.scheduler.leader import Election, LeadershipLost
-from pollux.scheduler.retention import plan_sweep, sweep
+from pollux.scheduler.retention import Swept, plan_sweep, sweep
 from pollux.scheduler.tokens import TokenBook
 from pollux.service import audit
 from pollux.service.keys import Kind
@@ -258,7 +258,7 @@ class Scheduler:
     async def _retain(self, fence: Fence) -> None:
         """Sweep finished jobs out of etcd every `sweep_interval_s` while leading (retention.py)."""
         retention = self.config.retention
-        swept: set[str] = set()
+        swept = Swept()
         sampled = self.clock()
         while True:
             try:
@@ -269,14 +269,8 @@ class Scheduler:
                 sampled = now  # a sample that fails to store is lost, never booked twice
                 await accounting.record(self.store, usage, fence)
                 jobs, _ = await self.store.list_jobs()
-                plan = plan_sweep(
-                    jobs,
-                    self.clock(),
-                    grace_s=retention.finished_grace_s,
-                    retention_s=retention.retention_days * 86400,
-                    swept=swept,
-                )
-                if plan.side_state or plan.expired:
+                plan = plan_sweep(jobs, self.clock(), retention=retention, swept=swept)
+                if plan.side_state or plan.kept or plan.expired:
                     side_state, records = await sweep(self.store, plan, fence, swept)
                     log.info("finished_jobs_swept", side_state=side_state, records=records)
                 await self._prune_records(fence)
