@@ -7,16 +7,18 @@ away with the job; another owner's or another name's job seeds nothing.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import grpc
 import pytest
 
 from pollux.agent.profile import fit_profile, perf_from_pb
 from pollux.goodput import step_times
 from pollux.scheduler.config import RetentionConfig
 from pollux.service.seeding import fit_rows
-from pollux.service.store import Store
+from pollux.service.store import Delete, Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
@@ -209,3 +211,53 @@ async def finish(replica: Replica, store: Store, job: pb.Job) -> None:
         return not await store.list_keys(store.keys.request(job.request_id))
 
     await eventually(swept, 15, "the finished job's side state to be swept")
+
+
+async def test_a_submit_whose_seed_read_meets_a_stalled_etcd_fails_cleanly_and_is_retried(
+    root: str,
+) -> None:
+    """etcd stops answering (SIGSTOP) while SubmitJob reads the seed: UNAVAILABLE, no job.
+
+    The seed is read before the create transaction, so the failure leaves nothing behind; the
+    client's retry with the same request id, once etcd answers again, creates the job once,
+    seeded, and a second retry returns that job.
+    """
+    etcd = EtcdServer.start()
+    store = await Store.connect(etcd.endpoint, root, timeout_s=1.0)
+    r = await Replica(store, config(etcd, root, "s-stall", mode="jct")).start()
+    try:
+        async with running_agent(etcd, root, "agent-a") as agent:
+            first = await submit(r, "resnet", "stall-1")
+            await agent.stub.ReportMetrics(report(1, observation(1, 4, 64), job_id=first.id))
+            assert await store.get_model(first.id) is not None
+            request = spb.SubmitJobRequest(spec=spec("resnet"), request_id="stall-2")
+            etcd.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await r.stub.SubmitJob(request, timeout=20)
+            finally:
+                etcd.process.send_signal(signal.SIGCONT)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+
+            async def listed() -> list[pb.Job] | None:
+                try:
+                    jobs = (await r.stub.ListJobs(spb.ListJobsRequest(), timeout=5)).jobs
+                except grpc.aio.AioRpcError:
+                    return None  # etcd is back, the replica's connection not yet
+                return list(jobs)
+
+            jobs = await eventually(listed, 20, "the scheduler to answer again")
+            assert [j.id for j in jobs] == [first.id], "the failed submit created nothing"
+
+            retried = await r.stub.SubmitJob(request, timeout=10)
+            assert retried.created
+            profile = await store.get_profile(retried.job.id)
+            assert profile is not None
+            assert profile.value.seeded_from == first.id
+            again = await r.stub.SubmitJob(request, timeout=10)
+            assert (again.created, again.job.id) == (False, retried.job.id)
+    finally:
+        await r.stop()
+        await store.txn([Delete(root.encode() + b"/", prefix=True)])
+        await store.close()
+        etcd.stop()
