@@ -78,7 +78,7 @@ from pollux.policy.valuation import restart_factor
 
 FloatArray = npt.NDArray[np.float64]
 
-RestartRule = Literal["holding", "age", "remaining", "expected"]
+RestartRule = Literal["holding", "age", "remaining", "expected", "ramp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +95,13 @@ class JctParams:
             "holding" (the mode: the job's mean holding time age / (restarts + 1), cut at its
             remaining time), "expected" (the mean of L/(L + δ) over a memoryless lifetime L
             of that mean, cut likewise; `expected_factor`: fewer restarts, more JCT at low
-            load), "age" (faithful Pollux's age rule, with each job's own δ) or "remaining"
+            load), "ramp" ("holding" while the job is `ramping`, "expected" once it has undone
+            a move), "age" (faithful Pollux's age rule, with each job's own δ) or "remaining"
             (the remaining time alone).
         reversals: Price a move at δ (1 + p), p the job's odds of undoing it
             (`reversal_odds`; the module docstring says why); False: at δ.
+        explore_growth: How many times its largest measured size a job may be given in one
+            round (`pollux.policy.exploration`; faithful Pollux: 2).
 
     Raises:
         PolicyInputError: A field is out of range.
@@ -109,6 +112,7 @@ class JctParams:
     rank_weights: bool = True
     restart: RestartRule = "holding"
     reversals: bool = True
+    explore_growth: int = 4
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.p):
@@ -117,10 +121,15 @@ class JctParams:
             raise PolicyInputError(
                 "jct.speedup_exponent", f"must lie in [0, 1), got {self.speedup_exponent}"
             )
-        if self.restart not in ("holding", "age", "remaining", "expected"):
+        if not 2 <= self.explore_growth <= 64:
+            raise PolicyInputError(
+                "jct.explore_growth", f"must be 2-64 (2: Pollux's rule), got {self.explore_growth}"
+            )
+        if self.restart not in ("holding", "age", "remaining", "expected", "ramp"):
             raise PolicyInputError(
                 "jct.restart",
-                f"must be 'holding', 'age', 'remaining' or 'expected', got {self.restart!r}",
+                "must be 'holding', 'age', 'remaining', 'expected' or 'ramp', "
+                f"got {self.restart!r}",
             )
 
 
@@ -201,6 +210,15 @@ def has_held_gpus(job: JobInfo) -> bool:
     return bool(job.allocation or job.restarts or job.resizes)
 
 
+def ramping(job: JobInfo) -> bool:
+    """Whether every resize of the job so far has grown it (none undone, none a shrink).
+
+    Such a job is learning its scaling: its next move is another growth, not the reversal of
+    this one, so the gain of a move lasts past the allocation's holding time.
+    """
+    return job.reversals == 0 and job.last_resize >= 0
+
+
 def reversal_odds(job: JobInfo) -> float:
     """The chance that the job's next move will be undone: Laplace's rule over its record."""
     pairs = max(job.resizes - 1, 0)
@@ -246,7 +264,7 @@ def restart_penalties(
             out[j] = restart_factor(age, job.restarts, delay)
             continue
         horizon = age / (job.restarts + 1)
-        if rule == "expected":
+        if rule == "expected" or (rule == "ramp" and not ramping(job)):
             out[j] = expected_factor(horizon, left, delay)
             continue
         if rule == "remaining":

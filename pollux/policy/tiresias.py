@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pollux.policy.allocation import canonical, gpus, place_on_freest, validate_state
+from pollux.policy.exploration import FAITHFUL_GROWTH
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -114,6 +115,11 @@ class TiresiasPolicy:
     def name(self) -> str:
         """Short name of the policy."""
         return "tiresias"
+
+    @property
+    def explore_growth(self) -> int:
+        """Pollux's rule (this policy's jobs do not explore: their sizes are fixed)."""
+        return FAITHFUL_GROWTH
 
     def allocate(
         self, state: ClusterState, memory: object | None, rng: np.random.Generator

@@ -226,6 +226,14 @@ class Policy(Protocol):
         """Short name: "pollux", "optimus" or "tiresias"."""
         ...
 
+    @property
+    def explore_growth(self) -> int:
+        """How many times its largest measured size a job may be given in one round.
+
+        It bounds adaptive jobs' `JobInfo.max_replicas` (`pollux.policy.exploration`).
+        """
+        ...
+
     def allocate(
         self, state: ClusterState, memory: object | None, rng: np.random.Generator
     ) -> AllocationDecision:

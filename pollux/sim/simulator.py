@@ -32,6 +32,7 @@ from pollux.goodput import (
     best_batch,
     fit_perf_params,
 )
+from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
 from pollux.policy.jct import resize_history
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
 from pollux.sim.application import Application, split_fixed_batch
@@ -84,7 +85,7 @@ class SimConfig:
             its application had measured when it was submitted (a cluster that remembers how
             each model runs on its hardware, as the live scheduler's profile seeding does;
             `SimJob.adopt`). False (published): each job profiles itself from nothing,
-            growing at most to twice its largest observed size.
+            growing at most to the policy's `explore_growth` times its largest observed size.
     """
 
     nodes: int = 16
@@ -137,6 +138,7 @@ class SimJob:
     allocation: tuple[int, ...] = ()
     atomic_bsz: int = 0
     accum_steps: int = 0
+    explore_growth: int = FAITHFUL_GROWTH
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
     perf: PerfParams | None = None
     grad: tuple[float, float] | None = None
@@ -153,10 +155,17 @@ class SimJob:
 
     @classmethod
     def create(
-        cls, spec: WorkloadJob, app: Application, mode: JobMode, sync_model: SyncModel
+        cls,
+        spec: WorkloadJob,
+        app: Application,
+        mode: JobMode,
+        sync_model: SyncModel,
+        explore_growth: int = FAITHFUL_GROWTH,
     ) -> SimJob:
-        """A job as submitted, sized for `mode`."""
-        job = cls(spec=spec, app=app, mode=mode, sync_model=sync_model)
+        """A job as submitted, sized for `mode`, exploring as the policy lets it."""
+        job = cls(
+            spec=spec, app=app, mode=mode, sync_model=sync_model, explore_growth=explore_growth
+        )
         if mode is JobMode.ADAPTIVE:
             if app.name == "ncf":
                 job.target_batch = NCF_BATCH
@@ -200,7 +209,8 @@ class SimJob:
         if self.mode is JobMode.FIXED_BATCH:
             return max(1, by_batch)
         profiled = max((k for _, k, _ in self.profile), default=0)
-        return max(1, min(max(2 * profiled, 1), cap, by_batch))
+        explore = exploration_limit(profiled, 1, self.explore_growth)
+        return max(1, min(explore, cap, by_batch))
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's own goodput model, once it has fitted its throughput."""
@@ -469,7 +479,8 @@ def simulate(
     if mode is None:
         raise ValueError(f"unknown policy {policy.name!r}; expected one of {sorted(MODES)}")
     jobs = [
-        SimJob.create(spec, apps[spec.application], mode, config.sync_model) for spec in workload
+        SimJob.create(spec, apps[spec.application], mode, config.sync_model, policy.explore_growth)
+        for spec in workload
     ]
     node_names = [f"n{i}" for i in range(config.nodes)]
     nodes = tuple(NodeInfo(name, config.gpus_per_node) for name in node_names)

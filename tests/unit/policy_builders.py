@@ -90,6 +90,7 @@ class Fixed:
     """A policy that answers the allocations it was built with ("holds N" as each reason)."""
 
     name = "fixed"
+    explore_growth = 2
 
     def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
         self.allocations = allocations

@@ -91,6 +91,7 @@ class _Recorder:
     """Wraps a policy and records the states it was asked about (what the forecast feeds it)."""
 
     name = "recorder"
+    explore_growth = 2
 
     def __init__(self) -> None:
         self.seen: list[ClusterState] = []

@@ -15,6 +15,7 @@ from pollux.policy.jct import (
     expected_factor,
     hesrpt_weights,
     inputs,
+    ramping,
     ranks,
     remaining_seconds,
     resize_history,
@@ -353,3 +354,22 @@ def test_a_move_is_priced_with_the_pause_of_its_likely_reversal_but_a_first_star
     assert priced[2] == plain[2], "nothing to undo before a first allocation"
     assert np.all(priced <= plain)
     assert JctParams().reversals, "the mode's default"
+
+
+def test_the_ramp_rule_prices_a_growing_job_by_its_holding_time_and_others_by_the_expectation():
+    back_and_forth = replace(job("flip", on=("n0",) * 2, age=3600.0, restarts=5), resizes=5,
+                             reversals=4, last_resize=-1)  # fmt: skip
+    growing = replace(job("grow", on=("n1",) * 2, age=3600.0, restarts=5), resizes=5,
+                      last_resize=1)  # fmt: skip
+    shrunk_once = replace(job("shrunk", on=("n2",), age=3600.0, restarts=1), resizes=1,
+                          last_resize=-1)  # fmt: skip
+    fresh = job("new", age=3600.0)
+    jobs = [back_and_forth, growing, shrunk_once, fresh]
+    assert [ramping(j) for j in jobs] == [False, True, False, True]
+    problem = Problem(state(jobs, nodes(4)), PolluxParams(p=0.0))
+    remaining, pause = np.full(4, np.nan), np.full(4, 30.0)
+    ramp = restart_penalties(problem, remaining, pause, "ramp", reversals=True)
+    holding = restart_penalties(problem, remaining, pause, "holding", reversals=True)
+    expected = restart_penalties(problem, remaining, pause, "expected", reversals=True)
+    assert list(ramp) == [expected[0], holding[1], expected[2], holding[3]]
+    assert JctParams(restart="ramp").restart == "ramp"

@@ -14,6 +14,7 @@ class Sizes:
     """A policy that gives job "a" the next size of a script and remembers what it saw."""
 
     name = "sizes"
+    explore_growth = 2
 
     def __init__(self) -> None:
         self.size = 0

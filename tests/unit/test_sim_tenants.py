@@ -33,6 +33,7 @@ class Spy:
     """The Pollux policy, keeping every state it was asked about."""
 
     name = "pollux"
+    explore_growth = 2
 
     def __init__(self) -> None:
         self.policy = PolluxPolicy()

@@ -69,6 +69,7 @@ class GiveFirstJobs:
     """A policy that gives one GPU each to the first `holders` jobs, with a very long reason."""
 
     name = "test"
+    explore_growth = 2
 
     def __init__(self, holders: int) -> None:
         self.holders = holders

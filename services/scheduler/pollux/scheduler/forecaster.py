@@ -84,7 +84,13 @@ class Forecaster:
             key=lambda j: (j.create_time.ToNanoseconds(), j.id),
         )
         now = self.clock()
-        state = cluster_state(snapshot, active, now=now, policy=self.policy.name)
+        state = cluster_state(
+            snapshot,
+            active,
+            now=now,
+            policy=self.policy.name,
+            explore_growth=self.policy.explore_growth,
+        )
         caps = {job.id: int(job.spec.max_replicas) for job in active if job.spec.max_replicas}
         result = await asyncio.to_thread(
             forecast,

@@ -144,6 +144,7 @@ class SchedulerApp(ServiceApp):
             else None,
             forecaster=self.forecaster,
             seed_profiles=scheduling.seeds,
+            explore_growth=self.scheduler.policy.explore_growth,
         )
         self.dashboard = (
             Dashboard(

@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
+from pollux.policy.exploration import FAITHFUL_GROWTH
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.problem import PolluxParams
 from pollux.policy.types import Policy
@@ -90,6 +91,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         clock: Wall-clock seconds.
         params: The Pollux objective's parameters (Explain's counterfactuals); None: defaults.
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
+        seed_profiles: Whether submissions are seeded from earlier runs.
+        explore_growth: The policy's exploration step (`pollux.policy.exploration`).
     """
 
     def __init__(
@@ -105,8 +108,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         params: PolluxParams | None = None,
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
+        explore_growth: int = FAITHFUL_GROWTH,
     ) -> None:
         self.store = store
+        self.explore_growth = explore_growth
+        """The policy's exploration step, for the states Explain and EstimateJob build."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
@@ -506,7 +512,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         reference_id, model = found
         snapshot = await self._snapshot()
         now = self.clock()
-        state = await asyncio.to_thread(cluster_state, snapshot, _active(snapshot), now=now)
+        state = await asyncio.to_thread(
+            cluster_state, snapshot, _active(snapshot), now=now, explore_growth=self.explore_growth
+        )
         if not state.nodes:
             raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
         forecaster = self.forecaster
@@ -579,7 +587,9 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         """Fill Explain's counterfactuals from the live state (the mirror's, else etcd's)."""
         snapshot = await self._snapshot()
         active = _active(snapshot)
-        state = await asyncio.to_thread(cluster_state, snapshot, active, now=self.clock())
+        state = await asyncio.to_thread(
+            cluster_state, snapshot, active, now=self.clock(), explore_growth=self.explore_growth
+        )
         try:
             found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
         except KeyError:

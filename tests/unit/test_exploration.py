@@ -1,0 +1,131 @@
+"""How far a job may grow past what it has measured: Pollux's rule, and the jct mode's step.
+
+The same limit reaches the policy from the simulator, the live scheduler's JobInfo and the
+forecasts, so each is checked here against `pollux.policy.exploration`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pollux.goodput import SyncModel
+from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
+from pollux.policy.forecast import forecast
+from pollux.policy.optimus import OptimusPolicy
+from pollux.policy.pollux import JctParams, PolluxPolicy
+from pollux.policy.tiresias import TiresiasPolicy
+from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
+from pollux.scheduler.cycle import cluster_state
+from pollux.service.store import Entry, Snapshot
+from pollux.sim.application import load_published_applications
+from pollux.sim.simulator import JobMode, SimJob
+from pollux.sim.traces import default_data_root
+from pollux.sim.workload import WorkloadJob
+from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import job, nodes, state
+
+
+def test_a_job_may_reach_growth_times_what_it_measured_and_keeps_what_it_holds() -> None:
+    assert exploration_limit(0, 0) == 1, "a new job starts on one GPU"
+    assert exploration_limit(1, 0) == 2 == FAITHFUL_GROWTH
+    assert exploration_limit(3, 0) == 6
+    assert exploration_limit(1, 8) == 8, "what a job holds is never taken by this rule"
+    assert exploration_limit(1, 0, growth=4) == 4
+    assert exploration_limit(4, 0, growth=4) == 16
+
+
+@given(st.integers(0, 4096), st.integers(0, 4096), st.integers(2, 64))
+def test_the_limit_grows_with_the_step_and_covers_one_gpu_and_the_held(
+    profiled: int, held: int, growth: int
+) -> None:
+    limit = exploration_limit(profiled, held, growth)
+    assert limit >= max(1, held, profiled)
+    assert limit >= exploration_limit(profiled, held, FAITHFUL_GROWTH)
+
+
+def test_faithful_pollux_and_the_other_policies_double_and_the_jct_mode_quadruples() -> None:
+    assert PolluxPolicy().explore_growth == FAITHFUL_GROWTH
+    assert PolluxPolicy(jct=JctParams()).explore_growth == 4
+    assert PolluxPolicy(jct=JctParams(explore_growth=2)).explore_growth == 2
+    assert OptimusPolicy().explore_growth == TiresiasPolicy().explore_growth == 2
+    for bad in (1, 0, 65):
+        with pytest.raises(PolicyInputError, match=r"jct\.explore_growth"):
+            JctParams(explore_growth=bad)
+
+
+APPS = load_published_applications(default_data_root() / "traces")
+
+
+def test_the_simulator_lets_a_job_explore_by_the_policys_step() -> None:
+    spec = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
+    for growth, limits in ((2, (1, 2, 8)), (4, (1, 4, 16))):
+        sim = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR, growth)
+        seen = [sim.max_replicas(64)]
+        sim.profile[(1, 1, 128)] = (0.1, 0.01)
+        seen.append(sim.max_replicas(64))
+        sim.profile[(1, 4, 128)] = (0.1, 0.02)
+        seen.append(sim.max_replicas(64))
+        assert tuple(seen) == limits
+        assert sim.max_replicas(3) == 3, "the cap still binds"
+
+
+def snapshot_with(profiled: int, held: int) -> Snapshot:
+    record = pb.Job(id="a", state=pb.JOB_STATE_RUNNING)
+    record.spec.batch.initial_batch_size = 128
+    record.spec.batch.max_batch_size = 65536
+    record.spec.batch.min_local_batch_size = 32
+    record.allocation.nodes.extend(["n1"] * held)
+    record.create_time.FromNanoseconds(int(1e9))
+    return Snapshot(
+        revision=1,
+        jobs={"a": Entry(record, mod_revision=2, create_revision=1)},
+        nodes={"n1": pb.Node(name="n1", gpus=64)},
+        agents=[],
+        models={"a": pb.JobModel(job_id="a", max_profiled_replicas=profiled)},
+        replicas=[],
+    )
+
+
+def test_the_scheduler_hands_the_policy_the_same_limit() -> None:
+    snapshot = snapshot_with(profiled=2, held=2)
+    active = [snapshot.jobs["a"].value]
+    faithful = cluster_state(snapshot, active, now=60.0)
+    jct = cluster_state(snapshot, active, now=60.0, explore_growth=4)
+    assert (faithful.jobs[0].max_replicas, jct.jobs[0].max_replicas) == (4, 8)
+    held = snapshot_with(profiled=1, held=6)
+    assert cluster_state(held, [held.jobs["a"].value], now=60.0).jobs[0].max_replicas == 6
+
+
+class Greedy:
+    """Gives each job every GPU its limit allows on n0, and records the limits it saw."""
+
+    name = "pollux"
+
+    def __init__(self, explore_growth: int) -> None:
+        self.explore_growth = explore_growth
+        self.limits: list[int] = []
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        (only,) = state.jobs
+        self.limits.append(only.max_replicas)
+        return AllocationDecision(
+            {only.name: ("n0",) * only.max_replicas}, {only.name: JobExplain(1.0, 1.0, "")}
+        )
+
+
+def test_a_forecast_explores_by_the_policys_step() -> None:
+    new = replace(job("new", on=("n0",), max_replicas=1), remaining_work=1e9)
+    for growth, want in ((2, [1, 2, 4, 8, 16]), (4, [1, 4, 16, 64, 64])):
+        policy = Greedy(growth)
+        forecast(
+            state([new], nodes(1, gpus=64)), policy, round_s=60.0, restart_delay_s=0.0,
+            max_rounds=5,
+        )  # fmt: skip
+        assert policy.limits == want
