@@ -73,7 +73,7 @@ VARIANTS: dict[str, JctParams | None] = {
     "jct-expected": JctParams(restart="expected"),  # a memoryless allocation lifetime
     "jct-no-reversals": JctParams(reversals=False),  # a move priced at its own pause only
     "jct-expected-no-reversals": JctParams(restart="expected", reversals=False),
-    "jct-ramp": JctParams(restart="ramp"),  # "holding" while a job only grows, then "expected"
+    "jct-holding": JctParams(restart="holding"),  # the holding time for every job
     "jct-doubling": JctParams(explore_growth=2),  # Pollux's exploration step
     "jct-explore-8": JctParams(explore_growth=8),
 }

@@ -39,9 +39,15 @@ the eight published 1.0x workloads: 7.3 restarts per job and mean JCT 2528 s, ag
 and 2452 s with the holding time; benchmarks/beyond_pollux.py). Faithful Pollux's factor
 (age − restarts·δ)/(age + δ) is close to the holding-time one; ours adds the remaining time,
 so a job about to finish is not moved, and each job's own δ. The "expected" rule
-(`expected_factor`, selectable) takes the mean of L/(L + δ) over the lifetime's law instead of
-its value at the mean lifetime: lifetimes are skewed and the factor is concave in L, so it
-prices moves higher (fewer restarts; slower growth while a job learns its scaling).
+(`expected_factor`) takes the mean of L/(L + δ) over the lifetime's law instead of its value
+at the mean lifetime: lifetimes are skewed and the factor is concave in L, so it prices moves
+higher (fewer restarts), and applied to every job it slows the growth of a job learning its
+scaling. The mode's rule, "ramp", applies it only once a job has shrunk or undone a move
+(`ramping`): while a job has only grown, 1 → 4 → 16 GPUs as it measures its scaling
+(`pollux.policy.exploration`), its next move is another growth, not the return of these GPUs,
+so the gain of a move outlasts the allocation it makes and the holding time is the fairer
+horizon. A job whose GPUs come and go with arrivals and departures is priced by the
+expectation.
 
 **A move is priced with the move that undoes it.** A job grown into GPUs a departure freed
 gives them back at the next arrival that needs them; a job shrunk for an arrival grows again
@@ -92,12 +98,13 @@ class JctParams:
             1/2, goodput's elasticity at the gradient noise scale.
         rank_weights: Weigh each job by its remaining-time rank (False: all alike).
         restart: How a move's lifetime H is taken in the restart factor H/(H + δ):
-            "holding" (the mode: the job's mean holding time age / (restarts + 1), cut at its
-            remaining time), "expected" (the mean of L/(L + δ) over a memoryless lifetime L
-            of that mean, cut likewise; `expected_factor`: fewer restarts, more JCT at low
-            load), "ramp" ("holding" while the job is `ramping`, "expected" once it has undone
-            a move), "age" (faithful Pollux's age rule, with each job's own δ) or "remaining"
-            (the remaining time alone).
+            "ramp" (the mode: "holding" while the job is `ramping`, "expected" once it has
+            shrunk or undone a move), "holding" (the job's mean holding time
+            age / (restarts + 1), cut at its remaining time), "expected" (the mean of
+            L/(L + δ) over a memoryless lifetime L of that mean, cut likewise;
+            `expected_factor`: fewer restarts, more JCT at low load), "age" (faithful
+            Pollux's age rule, with each job's own δ) or "remaining" (the remaining time
+            alone).
         reversals: Price a move at δ (1 + p), p the job's odds of undoing it
             (`reversal_odds`; the module docstring says why); False: at δ.
         explore_growth: How many times its largest measured size a job may be given in one
@@ -110,7 +117,7 @@ class JctParams:
     p: float = 0.0
     speedup_exponent: float = 0.5
     rank_weights: bool = True
-    restart: RestartRule = "holding"
+    restart: RestartRule = "ramp"
     reversals: bool = True
     explore_growth: int = 4
 

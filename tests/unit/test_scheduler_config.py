@@ -21,11 +21,11 @@ def test_the_jct_mode_is_a_mode_of_the_pollux_policy_only() -> None:
 def test_the_jct_restart_rule_is_checked_and_reaches_the_policy() -> None:
     assert SchedulingConfig(mode="jct", jct_restart="expected").problems() == []
     assert SchedulingConfig(jct_restart="never").problems() == [
-        "jct_restart: 'never' is not one of holding, expected"
+        "jct_restart: 'never' is not one of ramp, holding, expected"
     ]
     policy = make_policy("pollux", 30.0, "jct", "expected")
     assert policy.jct.restart == "expected"  # type: ignore[attr-defined]
-    assert make_policy("pollux", 30.0, "jct").jct.restart == "holding"  # type: ignore[attr-defined]
+    assert make_policy("pollux", 30.0, "jct").jct.restart == "ramp"  # type: ignore[attr-defined]
 
 
 def test_seeding_follows_the_mode_unless_set() -> None:

@@ -11,7 +11,7 @@ from pollux.service.maintenance import MaintenanceSettings
 
 POLICIES = ("pollux", "optimus", "tiresias")
 MODES = ("faithful", "jct")
-JCT_RESTARTS = ("holding", "expected")
+JCT_RESTARTS = ("ramp", "holding", "expected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +39,11 @@ class SchedulingConfig:
     estimate is its time left on its current GPUs): scheduler/forecaster.py."""
     forecast_round_s: float = 300.0
     """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
-    jct_restart: str = "holding"
+    jct_restart: str = "ramp"
     """Of the jct mode: how a re-allocation's lifetime is taken when its restart pause is
-    priced (pollux.policy.jct.JctParams.restart): "holding" (the job's mean holding time) or
-    "expected" (the mean over an exponential lifetime of that mean: about a quarter fewer
-    restarts, more JCT at low load; README "Beyond Pollux")."""
+    priced (pollux.policy.jct.JctParams.restart): "ramp" (the default: "holding" while a job
+    has only grown, then "expected"), "holding" (the job's mean holding time) or "expected"
+    (the mean over an exponential lifetime of that mean); README "Beyond Pollux"."""
     seed_profiles: bool | None = None
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was

@@ -104,7 +104,7 @@ def merged(chunk: list[Group]) -> Group:
 
 
 def make_policy(
-    name: str, restart_delay_s: float, mode: str = "faithful", jct_restart: str = "holding"
+    name: str, restart_delay_s: float, mode: str = "faithful", jct_restart: str = "ramp"
 ) -> Policy:
     """The policy object for a configured name (and, for pollux, mode and restart rule)."""
     if name == "pollux":
