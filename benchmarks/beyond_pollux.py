@@ -75,6 +75,7 @@ VARIANTS: dict[str, JctParams | None] = {
     "jct-expected-no-reversals": JctParams(restart="expected", reversals=False),
     "jct-holding": JctParams(restart="holding"),  # the holding time for every job
     "jct-doubling": JctParams(explore_growth=2),  # Pollux's exploration step
+    "jct-doubling-holding": JctParams(explore_growth=2, restart="holding"),  # the mode before
     "jct-explore-8": JctParams(explore_growth=8),
 }
 

@@ -16,7 +16,7 @@ import pytest
 
 from pollux.agent.profile import fit_profile, perf_from_pb
 from pollux.goodput import step_times
-from pollux.scheduler.config import RetentionConfig
+from pollux.scheduler.config import RetentionConfig, SchedulerConfig
 from pollux.service.seeding import fit_rows
 from pollux.service.store import Delete, Store
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -33,6 +33,12 @@ def spec(name: str) -> pb.JobSpec:
     return pb.JobSpec(name=name, command=["python", "-c", "pass"], batch=LIMITS)
 
 
+def seeding(etcd: EtcdServer, root: str, name: str) -> SchedulerConfig:
+    """A jct-mode scheduler's config with seeding on."""
+    base = config(etcd, root, name, mode="jct")
+    return replace(base, scheduling=replace(base.scheduling, seed_profiles=True))
+
+
 async def submit(replica: Replica, name: str, request_id: str) -> pb.Job:
     request = spb.SubmitJobRequest(spec=spec(name), request_id=request_id)
     return (await replica.stub.SubmitJob(request)).job
@@ -40,7 +46,7 @@ async def submit(replica: Replica, name: str, request_id: str) -> pb.Job:
 
 @pytest.fixture
 async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-seed", mode="jct")).start()  # seeds by default
+    r = await Replica(store, seeding(etcd, root, "s-seed")).start()
     try:
         yield r
     finally:
@@ -150,13 +156,17 @@ async def test_only_the_owners_jobs_of_the_same_name_with_a_fit_seed_a_submissio
 
 
 @pytest.mark.parametrize(
-    ("mode", "seed_profiles"), [("jct", False), ("faithful", None)], ids=["off", "faithful"]
+    ("mode", "seed_profiles"),
+    [("jct", None), ("faithful", None), ("jct", False)],
+    ids=["jct-default", "faithful-default", "off"],
 )
-async def test_seeding_can_be_turned_off_and_the_faithful_mode_does_not_seed(
+async def test_seeding_is_off_by_default_and_can_be_turned_off(
     etcd: EtcdServer, root: str, store: Store, mode: str, seed_profiles: bool | None
 ) -> None:
     base = config(etcd, root, "s-noseed", mode=mode)
-    off = replace(base, scheduling=replace(base.scheduling, seed_profiles=seed_profiles))
+    off = base
+    if seed_profiles is not None:
+        off = replace(base, scheduling=replace(base.scheduling, seed_profiles=seed_profiles))
     r = await Replica(store, off).start()
     try:
         async with running_agent(etcd, root, "agent-a") as agent:
@@ -174,7 +184,7 @@ async def test_a_rerun_after_retention_swept_the_earlier_run_is_still_seeded_fro
     etcd: EtcdServer, root: str, store: Store
 ) -> None:
     """Retention keeps the newest finished run's model and profile until a newer run has them."""
-    base = config(etcd, root, "s-retain", mode="jct")
+    base = seeding(etcd, root, "s-retain")
     quick = RetentionConfig(finished_grace_s=0.3, sweep_interval_s=0.1, profile_days=1.0)
     r = await Replica(store, replace(base, retention=quick)).start()
     try:
@@ -224,7 +234,7 @@ async def test_a_submit_whose_seed_read_meets_a_stalled_etcd_fails_cleanly_and_i
     """
     etcd = EtcdServer.start()
     store = await Store.connect(etcd.endpoint, root, timeout_s=1.0)
-    r = await Replica(store, config(etcd, root, "s-stall", mode="jct")).start()
+    r = await Replica(store, seeding(etcd, root, "s-stall")).start()
     try:
         async with running_agent(etcd, root, "agent-a") as agent:
             first = await submit(r, "resnet", "stall-1")

@@ -28,11 +28,10 @@ def test_the_jct_restart_rule_is_checked_and_reaches_the_policy() -> None:
     assert make_policy("pollux", 30.0, "jct").jct.restart == "ramp"  # type: ignore[attr-defined]
 
 
-def test_seeding_follows_the_mode_unless_set() -> None:
-    assert SchedulingConfig(mode="jct").seeds
-    assert not SchedulingConfig().seeds, "the faithful mode stays the published system"
-    assert SchedulingConfig(seed_profiles=True).seeds
-    assert not SchedulingConfig(mode="jct", seed_profiles=False).seeds
+def test_seeding_is_off_unless_set() -> None:
+    assert not SchedulingConfig(mode="jct").seed_profiles
+    assert not SchedulingConfig().seed_profiles, "the faithful mode stays the published system"
+    assert SchedulingConfig(mode="jct", seed_profiles=True).seed_profiles
 
 
 def test_forecast_settings_are_bounded() -> None:

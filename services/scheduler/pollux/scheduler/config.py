@@ -44,16 +44,13 @@ class SchedulingConfig:
     priced (pollux.policy.jct.JctParams.restart): "ramp" (the default: "holding" while a job
     has only grown, then "expected"), "holding" (the job's mean holding time) or "expected"
     (the mean over an exponential lifetime of that mean); README "Beyond Pollux"."""
-    seed_profiles: bool | None = None
+    seed_profiles: bool = False
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was
-    measured instead of growing from one GPU. Unset (default): in the jct mode only, so the
-    faithful mode stays the published system, where every job profiles itself from nothing."""
-
-    @property
-    def seeds(self) -> bool:
-        """Whether submissions are seeded (`seed_profiles`, resolved)."""
-        return self.mode == "jct" if self.seed_profiles is None else self.seed_profiles
+    measured instead of growing from one GPU. Off by default, in both modes: on the simulator
+    it raises the jct mode's mean JCT at every load now that a first run grows 4-fold a
+    round (a seeded job starts large and holds GPUs others would use; README "Seeded
+    re-runs"), and the faithful mode stays the published system."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""

@@ -143,7 +143,7 @@ class SchedulerApp(ServiceApp):
             if isinstance(policy := self.scheduler.policy, PolluxPolicy)
             else None,
             forecaster=self.forecaster,
-            seed_profiles=scheduling.seeds,
+            seed_profiles=scheduling.seed_profiles,
             explore_growth=self.scheduler.policy.explore_growth,
         )
         self.dashboard = (
