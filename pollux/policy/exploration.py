@@ -13,9 +13,13 @@ doubling is what short jobs pay most: at half load, where most GPUs would be idl
 job that runs a quarter of an hour pays four restarts and four rounds growing
 1 → 2 → 4 → 8 → 16 GPUs, where growing by 4 pays two. The cost
 of the larger step is the extrapolation it trusts: a job whose scaling disappoints is shrunk
-back once it has measured it. Unbounded growth costs more than it saves (measured: README,
-"Exploration"), so the bound stays; the mode's restart pricing and its reversal odds decide
-whether a job moves at all, this only how far one move may reach.
+back once it has measured it. Unbounded growth costs more than it saves, so the bound stays;
+the mode's restart pricing and its reversal odds decide whether a job moves at all, this only
+how far one move may reach. The step is the one setting of the mode that is chosen, not
+derived: among 2, 4, 8 and unbounded on one published workload at half load (4 fills a
+4-GPU node before a job crosses nodes, where nothing has been measured), then checked on the
+other workloads, at every load and on workloads not used to choose it (README, "Beyond
+Pollux").
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Faithful Pollux maximises the power mean (p = -1) of the jobs' speedups over their fair
 shares, every job alike, and ignores how much work each job has left, although training jobs
 declare it. This mode keeps Pollux's goodput models, speedup tables and optimiser and changes
-three inputs of its `Problem`; nothing else. Every constant below is derived, none is fitted.
+three inputs of its `Problem`, and lets a job grow 4-fold a round instead of 2-fold
+(`pollux.policy.exploration`, the one chosen setting; it says how). Every constant below is
+derived, none is fitted.
 
 **Objective: weighted proportional fairness, p = 0.** Mean JCT is total flow time
 F = ∫ (jobs in the system) dt. Written as a Lagrangian over the phases between completions
