@@ -209,7 +209,7 @@ class SimJob:
         if self.mode is JobMode.FIXED_BATCH:
             return max(1, by_batch)
         profiled = max((k for _, k, _ in self.profile), default=0)
-        explore = exploration_limit(profiled, 1, self.explore_growth)
+        explore = exploration_limit(profiled, 0, self.explore_growth)
         return max(1, min(explore, cap, by_batch))
 
     def goodput_model(self) -> GoodputModel | None:

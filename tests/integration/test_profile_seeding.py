@@ -158,7 +158,7 @@ async def test_only_the_owners_jobs_of_the_same_name_with_a_fit_seed_a_submissio
 @pytest.mark.parametrize(
     ("mode", "seed_profiles"),
     [("jct", None), ("faithful", None), ("jct", False)],
-    ids=["jct-default", "faithful-default", "off"],
+    ids=["jct-default", "faithful-default", "jct-set-off"],
 )
 async def test_seeding_is_off_by_default_and_can_be_turned_off(
     etcd: EtcdServer, root: str, store: Store, mode: str, seed_profiles: bool | None

@@ -76,6 +76,19 @@ def test_every_problem_is_reported_at_once_with_its_field_path(
     ]
 
 
+def test_a_float_setting_must_be_finite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN compares false with everything, so it would slip past every range check."""
+    path = tmp_path / "scheduler.toml"
+    path.write_text("[retention]\nprofile_days = nan\n")
+    monkeypatch.setenv("POLLUX_SCHEDULER_RETENTION__FINISHED_GRACE_S", "inf")
+    with pytest.raises(ConfigError) as caught:
+        load_config(SCHEDULER, ["--config", str(path)])
+    assert sorted(caught.value.problems) == [
+        "retention.finished_grace_s: expected a finite float, got 'inf'",
+        "retention.profile_days: expected a finite float, got nan",
+    ]
+
+
 def test_an_unreadable_file_is_one_problem_among_the_others(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(AGENT, ["--config", str(tmp_path / "missing.toml"), "--etcd", "nohost"])

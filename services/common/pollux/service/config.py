@@ -12,6 +12,7 @@ with dotted paths. `pollux.service.entry` is the one caller of the services.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -145,23 +146,34 @@ def _convert(value: Any, hint: Any, path: str, problems: list[str]) -> Any:
         )
         return _INVALID if _INVALID in converted else converted
     try:
-        if hint is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        if hint is int and isinstance(value, bool | float):
-            raise ValueError(value)
-        if hint in (int, float, str):
-            return hint(value)
-        if hint is Path:
-            return Path(value)
+        return _scalar(value, hint)
     except (TypeError, ValueError):
-        problems.append(f"{path}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+        wanted = "a finite float" if hint is float else getattr(hint, "__name__", hint)
+        problems.append(f"{path}: expected {wanted}, got {value!r}")
         return _INVALID
+
+
+def _scalar(value: Any, hint: Any) -> Any:
+    """`value` (from TOML or an environment string) as a `hint`; ValueError if it is not one."""
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(value).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(value)
+    if hint is int and isinstance(value, bool | float):
+        raise ValueError(value)
+    if hint is float:
+        number = float(value)
+        if not math.isfinite(number):  # "nan" would pass every `<`/`>=` range check
+            raise ValueError(value)
+        return number
+    if hint in (int, str):
+        return hint(value)
+    if hint is Path:
+        return Path(value)
     return value
 
 
