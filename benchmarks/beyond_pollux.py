@@ -62,27 +62,49 @@ LOADS = ("0.5", "1.0", "1.5")
 JOBS_AT_1X = 160  # jobs per published workload at load 1.0
 SIA_DELAYS = (15.0, 250.0)  # the range of restart delays Sia measured, seconds
 
-VARIANTS: dict[str, JctParams | None] = {
-    "faithful": None,
-    "jct": JctParams(),
+EVENT_DELAY = 1.0
+"""Seconds after a submission or completion at which the live scheduler runs a round
+(`scheduling.debounce_s`'s default): the "-events" variants simulate it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A policy mode and how its rounds are timed.
+
+    Attributes:
+        jct: The jct mode's settings; None: faithful Pollux.
+        event_rounds: Also run a round `EVENT_DELAY` after each submission and completion,
+            as the live scheduler does (`SimConfig.event_delay`); False: every `--interval`
+            only, as the published simulator does.
+    """
+
+    jct: JctParams | None
+    event_rounds: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    "faithful": Variant(None),  # the published system
+    "faithful-events": Variant(None, event_rounds=True),  # ... with the live scheduler's rounds
+    "jct": Variant(JctParams()),
+    "jct-events": Variant(JctParams(), event_rounds=True),  # the live jct mode
     # Ablations: one part of the jct mode at a time.
-    "jct-no-weights": JctParams(rank_weights=False),
-    "jct-age-restart": JctParams(restart="age"),
-    "jct-remaining-restart": JctParams(restart="remaining"),
-    "jct-p-1": JctParams(p=-1.0),
-    "jct-expected": JctParams(restart="expected"),  # a memoryless allocation lifetime
-    "jct-no-reversals": JctParams(reversals=False),  # a move priced at its own pause only
-    "jct-expected-no-reversals": JctParams(restart="expected", reversals=False),
-    "jct-holding": JctParams(restart="holding"),  # the holding time for every job
-    "jct-doubling": JctParams(explore_growth=2),  # Pollux's exploration step
-    "jct-doubling-holding": JctParams(explore_growth=2, restart="holding"),  # the mode before
-    "jct-explore-8": JctParams(explore_growth=8),
+    "jct-no-weights": Variant(JctParams(rank_weights=False)),
+    "jct-age-restart": Variant(JctParams(restart="age")),
+    "jct-remaining-restart": Variant(JctParams(restart="remaining")),
+    "jct-p-1": Variant(JctParams(p=-1.0)),
+    "jct-expected": Variant(JctParams(restart="expected")),  # a memoryless allocation lifetime
+    "jct-no-reversals": Variant(JctParams(reversals=False)),  # a move priced at its own pause
+    "jct-expected-no-reversals": Variant(JctParams(restart="expected", reversals=False)),
+    "jct-holding": Variant(JctParams(restart="holding")),  # the holding time for every job
+    "jct-doubling": Variant(JctParams(explore_growth=2)),  # Pollux's exploration step
+    "jct-doubling-holding": Variant(JctParams(explore_growth=2, restart="holding")),
+    "jct-explore-8": Variant(JctParams(explore_growth=8)),
 }
 
 
 def make_policy(variant: str, restart_delay: float) -> PolluxPolicy:
     """Pollux in a mode (faithful, jct or an ablation), valuing restarts at `restart_delay`."""
-    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=VARIANTS[variant])
+    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=VARIANTS[variant].jct)
 
 
 # -- workloads ----------------------------------------------------------------------------------
@@ -351,7 +373,12 @@ def build_tasks(args: argparse.Namespace, config: SimConfig) -> list[Task]:
                 if not args.workloads or int(name.rsplit("-", 1)[-1]) in args.workloads
             ]
         for variant in args.variants:
-            tasks += [Task(variant, load, name, tuple(jobs), config) for name, jobs in workloads]
+            timed = (
+                replace(config, event_delay=EVENT_DELAY)
+                if VARIANTS[variant].event_rounds
+                else config
+            )
+            tasks += [Task(variant, load, name, tuple(jobs), timed) for name, jobs in workloads]
     return tasks
 
 

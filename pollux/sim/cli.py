@@ -79,6 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
     run.add_argument(
+        "--event-delay",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also run a round this long after each submission and completion, as the live "
+        "scheduler does (its debounce_s, 1 s); default: every --interval only (published)",
+    )
+    run.add_argument(
         "--interference",
         type=float,
         default=0.0,
@@ -156,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         args.policy,
         args.mode,
         interval=args.interval,
+        event_delay=args.event_delay,
         interference=args.interference,
         seed=args.seed,
         nodes=args.nodes,

@@ -150,6 +150,7 @@ def run(
         "mode": spec.mode,
         "load": infer_load(target),
         "interval": spec.config.interval,
+        "event_delay": spec.config.event_delay,
         "interference": spec.config.interference,
         "seed": spec.config.seed,
         "nodes": spec.config.nodes,

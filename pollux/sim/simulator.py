@@ -3,7 +3,10 @@
 Jobs advance through the measured traces of their application: step times come from the
 placement traces, gradient statistics and progress from the validation runs. Every `interval`
 seconds the policy (the same code the Scheduler service runs) re-allocates GPUs; a changed
-allocation costs `restart_delay` seconds of no progress. Pollux jobs fit their own throughput
+allocation costs `restart_delay` seconds of no progress. With `SimConfig.event_delay` a round
+also runs that long after each submission and completion, and the next periodic one an
+`interval` after it, as the live scheduler's debounced trigger does (a submission then waits
+a second, not up to a round, for its first GPUs). Pollux jobs fit their own throughput
 model from the step times they experience and choose their batch size with it, as the real
 agent does. The simulation is deterministic for a given seed.
 
@@ -14,7 +17,9 @@ baselines ignore them.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import math
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -86,6 +91,10 @@ class SimConfig:
             each model runs on its hardware, as the live scheduler's profile seeding does;
             `SimJob.adopt`). False (published): each job profiles itself from nothing,
             growing at most to the policy's `explore_growth` times its largest observed size.
+        event_delay: Seconds after a job's submission or completion at which an extra round
+            runs, the periodic schedule restarting from it: the live scheduler's
+            event-triggered rounds (`scheduling.debounce_s`, 1 s there). None (published):
+            rounds only every `interval`, so a submission waits for the next one.
     """
 
     nodes: int = 16
@@ -100,6 +109,7 @@ class SimConfig:
     restart_delays: tuple[tuple[str, float], ...] = ()
     undeclared_fraction: float = 0.0
     share_profiles: bool = False
+    event_delay: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
@@ -110,6 +120,8 @@ class SimConfig:
             raise ValueError("need every per-application restart delay ≥ 0")
         if not 0 <= self.undeclared_fraction <= 1:
             raise ValueError("need 0 ≤ undeclared_fraction ≤ 1")
+        if self.event_delay is not None and not 0 <= self.event_delay < self.interval:
+            raise ValueError("need 0 ≤ event_delay < interval (None: periodic rounds only)")
 
     def delay_of(self, application: str) -> float:
         """Restart delay of a job of `application` (seconds)."""
@@ -283,15 +295,7 @@ class SimJob:
         seconds -= delay
         app = self.app
         while seconds > 0 and not self.completed:
-            placement = self.placement
-            batch = self.batch_size
-            scale = batch / app.init_batch_size
-            step_time, sync_time = app.throughput(placement, self.atomic_bsz)
-            sqr, var = app.grad_stats(_clamp_batch(app, batch), self.epoch)
-            gain = (var + sqr) / (var / scale + sqr) if var / scale + sqr > 0 else 1.0
-            self._observe(len(placement), replicas, step_time, sync_time, sqr, var)
-            iteration = step_time + (step_time - sync_time) * self.accum_steps
-            rate = gain / iteration * (1.0 - interference)  # progress per second
+            rate = self._rate(interference, observe=True)
             target = app.progress(self.epoch + 1)
             if self.progress + rate * seconds < target:
                 self.progress += rate * seconds
@@ -309,6 +313,42 @@ class SimJob:
                 seconds -= delta
                 self.update_local_bsz()
         self.clock += max(seconds, 0.0)
+
+    def _rate(self, interference: float, *, observe: bool = False) -> float:
+        """Progress per second on the current allocation, in the current epoch.
+
+        With `observe`, the job also measures what it runs (`_observe`), as a step does.
+        """
+        app = self.app
+        placement = self.placement
+        batch = self.batch_size
+        scale = batch / app.init_batch_size
+        step_time, sync_time = app.throughput(placement, self.atomic_bsz)
+        sqr, var = app.grad_stats(_clamp_batch(app, batch), self.epoch)
+        gain = (var + sqr) / (var / scale + sqr) if var / scale + sqr > 0 else 1.0
+        if observe:
+            self._observe(len(placement), len(self.allocation), step_time, sync_time, sqr, var)
+        iteration = step_time + (step_time - sync_time) * self.accum_steps
+        return gain / iteration * (1.0 - interference)
+
+    def seconds_to_finish(self, interference: float) -> float:
+        """Seconds until the job completes at its current speed (inf: without GPUs).
+
+        Exact in its last epoch; earlier, the speed changes at each epoch boundary, so it is
+        an estimate (`seconds_to_epoch_end` is exact).
+        """
+        return self._seconds_to(self.app.final_progress, interference)
+
+    def seconds_to_epoch_end(self, interference: float) -> float:
+        """Seconds until the job's current epoch ends (inf: without GPUs)."""
+        return self._seconds_to(self.app.progress(self.epoch + 1), interference)
+
+    def _seconds_to(self, progress: float, interference: float) -> float:
+        if not self.allocation or self.completed:
+            return math.inf
+        rate = self._rate(interference)
+        left = max(progress - self.progress, 0.0)
+        return self.rescale_time + (left / rate if rate > 0 else math.inf)
 
     def adopt(self, shared: dict[tuple[int, int, int], tuple[float, float]]) -> None:
         """Add the configurations other jobs of this application measured, and refit.
@@ -489,13 +529,11 @@ def simulate(
     memory: object | None = None
     runs = _runs_by_application(jobs)
     now, rounds = 0.0, 0
+    arrivals = sorted({job.spec.submission_time for job in jobs})
     while not all(job.completed for job in jobs):
         if now > max_time:
             raise RuntimeError(f"jobs still running after {max_time:.0f} s of simulated time")
-        slow = _interference(jobs, config.interference)
-        for job in jobs:
-            job.step(config.interval, slow.get(job.name, 0.0))
-        now += config.interval
+        now = _advance(jobs, now, config, arrivals, seen=now if rounds else -math.inf)
         active = [j for j in jobs if j.spec.submission_time <= now and not j.completed]
         for job in jobs:
             if job.completed and job.allocation:
@@ -524,6 +562,53 @@ def simulate(
         restarts={j.name: j.restarts or 0 for j in jobs},
         gpu_seconds={j.name: j.attained_service for j in jobs},
     )
+
+
+def _advance(
+    jobs: Sequence[SimJob],
+    now: float,
+    config: SimConfig,
+    arrivals: Sequence[float],
+    *,
+    seen: float,
+) -> float:
+    """Run every job from `now` to the next round; returns the next round's time.
+
+    `arrivals` are the sorted submission times; those up to `seen` (the last round's time,
+    −inf before the first) were seen by a round.
+
+    Periodic rounds (published): `interval` later. With `config.event_delay`, earlier when a
+    job is submitted or completes: `event_delay` after the first such event, as the live
+    scheduler's debounced trigger runs one. Completions are found by stepping to each
+    running job's predicted finish (`SimJob.seconds_to_finish`) rather than past it.
+    """
+    due = now + config.interval
+    if config.event_delay is None:
+        slow = _interference(jobs, config.interference)
+        for job in jobs:
+            job.step(config.interval, slow.get(job.name, 0.0))
+        return due
+    delay = config.event_delay
+    position = bisect.bisect_right(arrivals, seen)
+    if position < len(arrivals):
+        due = min(due, arrivals[position] + delay)
+    while now < due:
+        slow = _interference(jobs, config.interference)
+        # Step no further than the end of the epoch of any job that may finish this interval.
+        ends = [
+            job.seconds_to_epoch_end(slow.get(job.name, 0.0))
+            for job in jobs
+            if job.seconds_to_finish(slow.get(job.name, 0.0)) < due - now
+        ]
+        span = min(due - now, max(1.0, float(math.ceil(min(ends)))) if ends else due - now)
+        running = [job for job in jobs if not job.completed]
+        for job in jobs:
+            job.step(span, slow.get(job.name, 0.0))
+        now += span
+        for job in running:
+            if job.completion_time is not None:
+                due = min(due, max(job.completion_time + delay, now))
+    return now
 
 
 def _runs_by_application(jobs: Sequence[SimJob]) -> dict[str, list[SimJob]]:

@@ -31,6 +31,18 @@ def test_run_writes_the_published_summary_format_and_round_logs(tmp_path, capsys
     assert "mean of workload averages: 3469.7 s" in capsys.readouterr().out
 
 
+def test_event_rounds_run_a_round_after_each_submission(tmp_path, capsys):
+    out = tmp_path / "events"
+    workload = WORKLOADS / "workload-6.csv"
+    argv = ["run", "--policy", "tiresias", "--event-delay", "1", "--output", str(out)]
+    assert main([*argv, str(workload)]) == 0
+    assert json.loads((out / "run.json").read_text())["event_delay"] == 1.0
+    times = [json.loads(line)["timestamp"] for line in (out / "workload-6.jsonl").open()]
+    submitted = [float(line.split(",")[1]) for line in workload.read_text().splitlines()[1:]]
+    # Within a second of each submission (sooner when another event's round falls there).
+    assert all(any(s <= t <= s + 1.0 for t in times) for s in submitted)
+
+
 def test_a_directory_of_workloads_runs_in_parallel_and_compares(tmp_path, capsys):
     folder = tmp_path / "workloads"
     folder.mkdir()
@@ -74,8 +86,12 @@ def test_compare_against_the_published_results(tmp_path, capsys):
         (["run", "--output", "x", "no/such/file.csv"], "no such workload"),
         (["compare", "no/such/run"], "run.json"),
         (["fit", "no/such/app"], "not a directory"),
+        (
+            ["run", "--event-delay", "60", "--output", "x", str(WORKLOADS / "workload-6.csv")],
+            "event_delay < interval",
+        ),
     ],
-    ids=["missing workload", "missing run directory", "missing traces"],
+    ids=["missing workload", "missing run directory", "missing traces", "event delay too long"],
 )
 def test_errors_are_one_clear_line_and_exit_code_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,112 @@
+"""Event-triggered rounds in the simulator (`SimConfig.event_delay`), as the live scheduler runs
+them: a round shortly after each submission and completion, and the periodic schedule
+restarting from it."""
+
+import math
+
+import pytest
+
+from pollux.goodput import SyncModel
+from pollux.policy.jct import JctParams
+from pollux.policy.pollux import PolluxPolicy
+from pollux.sim.application import load_published_applications
+from pollux.sim.simulator import JobMode, SimConfig, SimJob, simulate
+from pollux.sim.traces import default_data_root
+from pollux.sim.workload import WorkloadJob
+
+APPS = load_published_applications(default_data_root() / "traces")
+WORKLOAD = [
+    WorkloadJob("ncf-0", 0, "ncf", 1, 32768),
+    WorkloadJob("cifar10-1", 30, "cifar10", 6, 2048),
+    WorkloadJob("ncf-2", 95, "ncf", 1, 32768),
+    WorkloadJob("bert-3", 200, "bert", 6, 384),
+    WorkloadJob("cifar10-4", 410, "cifar10", 8, 2048),
+    WorkloadJob("ncf-5", 1234, "ncf", 1, 32768),
+]
+EVENTS = SimConfig(nodes=2, gpus_per_node=4, event_delay=1.0)
+POLICIES = {"faithful": PolluxPolicy, "jct": lambda: PolluxPolicy(jct=JctParams())}
+
+
+def run(policy, config=EVENTS):
+    rounds = []
+    result = simulate(WORKLOAD, APPS, policy, config, on_round=rounds.append)
+    return result, [r["timestamp"] for r in rounds], rounds
+
+
+@pytest.mark.parametrize("mode", POLICIES)
+def test_a_round_follows_every_submission_and_completion(mode):
+    result, times, _ = run(POLICIES[mode]())
+    for job in WORKLOAD:
+        start = job.submission_time
+        assert any(start <= t <= start + 1.0 for t in times), f"no round after {job.name} came"
+        done = job.submission_time + result.jcts[job.name]
+        # Completions fall on whole seconds of a job's clock; the round is at most 1 s later
+        # than the trigger's delay.
+        assert any(done <= t <= done + 2.0 for t in times), f"no round after {job.name} ended"
+
+
+@pytest.mark.parametrize("mode", POLICIES)
+def test_rounds_are_at_most_an_interval_apart_and_in_order(mode):
+    _, times, _ = run(POLICIES[mode]())
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    assert all(0 < gap <= EVENTS.interval for gap in gaps)
+
+
+def test_a_job_submitted_to_a_cluster_with_free_gpus_starts_at_the_next_event_round():
+    _, _, rounds = run(PolluxPolicy())
+    for job in WORKLOAD:
+        first = next(
+            r["timestamp"]
+            for r in rounds
+            for entry in r["submitted_jobs"]
+            if entry["name"] == job.name and entry["allocation"]
+        )
+        assert first == job.submission_time + 1.0, job.name
+
+
+def test_without_event_rounds_every_round_is_on_the_interval():
+    periodic = SimConfig(nodes=2, gpus_per_node=4)
+    _, times, _ = run(PolluxPolicy(), periodic)
+    assert times == [periodic.interval * (i + 1) for i in range(len(times))]
+
+
+def test_event_rounds_spend_less_time_waiting_for_the_first_round():
+    periodic, _, _ = run(PolluxPolicy(), SimConfig(nodes=2, gpus_per_node=4))
+    events, _, _ = run(PolluxPolicy())
+    # The 1-GPU ncf jobs never share: each saves its wait for the next periodic round.
+    for job in WORKLOAD:
+        if job.application == "ncf":
+            wait = (math.floor(job.submission_time / 60.0) + 1) * 60.0 - job.submission_time
+            assert events.jcts[job.name] == pytest.approx(
+                periodic.jcts[job.name] - wait + 1.0, abs=1.0
+            ), job.name
+
+
+@pytest.mark.parametrize("delay", [-1.0, 60.0, 90.0])
+def test_an_event_delay_outside_the_round_interval_is_rejected(delay):
+    with pytest.raises(ValueError, match="event_delay"):
+        SimConfig(interval=60.0, event_delay=delay)
+
+
+@pytest.mark.parametrize("app", ["cifar10", "bert", "ncf"])
+def test_the_predicted_finish_is_exact_in_the_last_epoch(app):
+    spec = WorkloadJob(f"{app}-0", 0.0, app, 1, 128)
+    job = SimJob.create(spec, APPS[app], JobMode.ADAPTIVE, SyncModel.LINEAR)
+    job.reallocate((0, 0), restart_delay=30.0)
+    while job.epoch < job.app.completion_epoch:  # to the start of the last epoch
+        job.step(max(1.0, math.ceil(job.seconds_to_epoch_end(0.0))), 0.0)
+    assert not job.completed
+    left = job.seconds_to_finish(0.0)
+    assert 0 < left < math.inf
+    before = job.clock
+    job.step(max(math.floor(left) - 1.0, 0.0), 0.0)
+    assert not job.completed
+    job.step(2.0 + math.ceil(left) - math.floor(left), 0.0)
+    assert job.completed
+    assert job.completion_time == pytest.approx(before + left, abs=1.0)
+
+
+def test_a_job_without_gpus_never_finishes():
+    spec = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
+    job = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR)
+    assert job.seconds_to_finish(0.0) == math.inf
