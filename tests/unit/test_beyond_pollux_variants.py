@@ -1,0 +1,20 @@
+"""The Pareto benchmark's variants (benchmarks/beyond_pollux.py): each simulates what it names."""
+
+from benchmarks.beyond_pollux import EVENT_DELAY, VARIANTS, build_tasks, make_config, parse_args
+
+
+def test_event_variants_run_the_live_schedulers_rounds_and_the_others_the_published_ones():
+    args = parse_args(["--loads", "0.5", "--workloads", "1", "--variants", ",".join(VARIANTS)])
+    tasks = build_tasks(args, make_config(args))
+    assert {t.variant for t in tasks} == set(VARIANTS)
+    for task in tasks:
+        events = task.variant.endswith("-events")
+        assert task.config.event_delay == (EVENT_DELAY if events else None), task.variant
+        assert task.config.interval == 60.0
+
+
+def test_the_faithful_variants_run_faithful_pollux_and_the_jct_ones_the_mode():
+    assert VARIANTS["faithful"].jct is None
+    assert VARIANTS["faithful-events"].jct is None
+    assert VARIANTS["jct"].jct is not None
+    assert VARIANTS["jct-events"].jct == VARIANTS["jct"].jct
