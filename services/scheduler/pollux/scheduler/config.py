@@ -27,7 +27,9 @@ class SchedulingConfig:
     interval_s: float = 60.0
     """Seconds between periodic rounds (the paper's 60 s)."""
     debounce_s: float = 1.0
-    """Events (submit, completion, node change) trigger a round after this quiet period."""
+    """Events (submit, completion, node change) trigger a round after this quiet period. The
+    simulator runs the same timing with `SimConfig.event_delay`: it saves each new job the wait
+    for the next periodic round, and costs restarts (README "Beyond Pollux")."""
     restart_delay_s: float = 30.0
     """Expected cost of a re-allocation, for Pollux's restart penalty."""
     seed: int = 0
