@@ -2,9 +2,12 @@
 them: a round shortly after each submission and completion, and the periodic schedule
 restarting from it."""
 
+import itertools
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pollux.goodput import SyncModel
 from pollux.policy.jct import JctParams
@@ -110,3 +113,33 @@ def test_a_job_without_gpus_never_finishes():
     spec = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
     job = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR)
     assert job.seconds_to_finish(0.0) == math.inf
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["ncf", "cifar10"]), st.integers(0, 900)),
+        min_size=1,
+        max_size=5,
+    ),
+    st.sampled_from([0.0, 1.0, 5.0]),
+)
+def test_any_workload_completes_with_a_round_soon_after_each_submission(jobs, delay):
+    workload = sorted(
+        (WorkloadJob(f"{app}-{i}", t, app, 1, 2048) for i, (app, t) in enumerate(jobs)),
+        key=lambda job: job.submission_time,
+    )
+    config = SimConfig(nodes=1, gpus_per_node=4, event_delay=delay)
+    rounds = []
+    result = simulate(workload, APPS, PolluxPolicy(jct=JctParams()), config, on_round=rounds.append)
+    times = [r["timestamp"] for r in rounds]
+    assert set(result.jcts) == {job.name for job in workload}
+    assert all(jct > 0 for jct in result.jcts.values())
+    assert 0 <= times[0] <= config.interval  # at 0 when a job comes at 0 with no delay
+    assert all(0 < b - a <= config.interval for a, b in itertools.pairwise(times))
+    for job in workload:
+        start = job.submission_time
+        assert any(start <= t <= start + delay for t in times), job.name
+    for record in rounds:
+        held = sum(len(j["allocation"]) for j in record["submitted_jobs"])
+        assert held <= config.gpus_per_node

@@ -2,6 +2,7 @@
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from pollux.sim.workload import WorkloadJob, load_workload
 
 APPS = load_published_applications(default_data_root() / "traces")
 SMALL = SimConfig(nodes=2, gpus_per_node=4)
+# Rounds every interval (published) and also a second after each submission and completion
+# (the live scheduler's timing): the invariants hold under both.
+TIMINGS = {"periodic": SMALL, "events": replace(SMALL, event_delay=1.0)}
 # A short, mixed workload: finishes in seconds of wall time under every policy.
 WORKLOAD = [
     WorkloadJob("ncf-0", 0, "ncf", 1, 32768),
@@ -40,18 +44,20 @@ def run(policy, config=SMALL, workload=WORKLOAD):
     return result, rounds
 
 
+@pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize("name", POLICIES)
-def test_every_job_completes_with_a_positive_jct(name):
-    result, rounds = run(POLICIES[name])
+def test_every_job_completes_with_a_positive_jct(name, timing):
+    result, rounds = run(POLICIES[name], TIMINGS[timing])
     assert set(result.jcts) == {j.name for j in WORKLOAD}
     assert all(jct > 0 for jct in result.jcts.values())
     assert result.makespan == max(j.submission_time + result.jcts[j.name] for j in WORKLOAD)
     assert result.rounds == len(rounds)
 
 
+@pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize("name", POLICIES)
-def test_no_node_ever_holds_more_replicas_than_gpus(name):
-    _, rounds = run(POLICIES[name])
+def test_no_node_ever_holds_more_replicas_than_gpus(name, timing):
+    _, rounds = run(POLICIES[name], TIMINGS[timing])
     for record in rounds:
         per_node = Counter(n for job in record["submitted_jobs"] for n in job["allocation"])
         assert all(0 <= n < SMALL.nodes for n in per_node)
@@ -59,9 +65,10 @@ def test_no_node_ever_holds_more_replicas_than_gpus(name):
         assert sum(per_node.values()) <= record["num_gpus"]
 
 
+@pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize("name", ["pollux", "tiresias"])
-def test_work_is_conserved_progress_only_grows_and_ends_at_the_final_epoch(name):
-    _result, rounds = run(POLICIES[name])
+def test_work_is_conserved_progress_only_grows_and_ends_at_the_final_epoch(name, timing):
+    _result, rounds = run(POLICIES[name], TIMINGS[timing])
     last: dict[str, tuple[float, int]] = {}
     for record in rounds:
         for job in record["submitted_jobs"]:
@@ -86,10 +93,12 @@ def test_jobs_without_gpus_make_no_progress():
                 assert job["progress"] == 0
 
 
+@pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize("name", ["pollux", "pollux-nsga2"])
-def test_the_same_seed_gives_the_same_simulation(name):
-    first, _ = run(POLICIES[name], SimConfig(nodes=2, gpus_per_node=4, seed=3))
-    second, _ = run(POLICIES[name], SimConfig(nodes=2, gpus_per_node=4, seed=3))
+def test_the_same_seed_gives_the_same_simulation(name, timing):
+    config = replace(TIMINGS[timing], seed=3)
+    first, _ = run(POLICIES[name], config)
+    second, _ = run(POLICIES[name], config)
     assert first.jcts == second.jcts
 
 
