@@ -18,6 +18,8 @@ from pollux.sim.traces import default_data_root
 from pollux.sim.workload import WorkloadJob
 
 APPS = load_published_applications(default_data_root() / "traces")
+# test_simulator.py's mix, with submissions off the 60 s grid (95, 410, 1234 s) and one at 0,
+# so that event rounds and periodic ones differ for every job.
 WORKLOAD = [
     WorkloadJob("ncf-0", 0, "ncf", 1, 32768),
     WorkloadJob("cifar10-1", 30, "cifar10", 6, 2048),
