@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     trainer.close()
+    pt.shutdown()  # pollux: leave the process group before the interpreter exits
     return 0
 
 

@@ -11,6 +11,8 @@ learning rate, and checkpoints atomically when the allocation changes. Typical u
     for epoch in trainer.epochs(10):
         for x, y in trainer.batches():
             trainer.step(loss_fn(trainer.model(x), y))
+    trainer.close()
+    pt.shutdown()  # leave the process group before the interpreter exits
 
 The control plane plugs in through two protocols: `BatchConfigSource` (the batch size to use)
 and `MetricsSink` (where measurements go). This package imports no gRPC code.
@@ -54,7 +56,7 @@ from pollux.train.metrics import (
     WorkStatus,
 )
 from pollux.train.scaling import ScaledOptimizer, ScalingRule, lr_factor
-from pollux.train.trainer import ElasticTrainer, Stateful, default_device, init
+from pollux.train.trainer import ElasticTrainer, Stateful, default_device, init, shutdown
 
 __all__ = [
     "AdamPreconditioner",
@@ -94,4 +96,5 @@ __all__ = [
     "init",
     "lr_factor",
     "plan_step",
+    "shutdown",
 ]

@@ -1,4 +1,4 @@
-"""The user-facing API: `init` and `ElasticTrainer` (docs/architecture.md §1 step 6).
+"""The user-facing API: `init`, `ElasticTrainer`, `shutdown` (docs/architecture.md §1 step 6).
 
 Adapting an ordinary PyTorch script takes about a dozen lines::
 
@@ -12,6 +12,8 @@ Adapting an ordinary PyTorch script takes about a dozen lines::
         for x, y in trainer.batches():            # this replica's micro-batches
             loss = F.cross_entropy(trainer.model(x), y)
             trainer.step(loss)                    # backward + (maybe) scaled optimizer step
+    trainer.close()
+    pt.shutdown()                                 # leave the process group before exiting
 
 **Shape.** The trainer owns the loop's moving parts and leaves the model's maths to the user:
 
@@ -65,6 +67,13 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self
 import structlog
 import torch
 import torch.distributed as dist
+
+# Imported before any process group can exist: `torch.distributed.nn` gives its functions the
+# default ``group=group.WORLD``, evaluated at import, so importing it later (DDP does, through
+# torch._dynamo) pins the world group for good. `destroy_process_group` could then no longer
+# free it, and its communication threads would run on into interpreter shutdown, where they
+# can abort a replica that finished its work ("terminate called without an active exception").
+import torch.distributed.nn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -188,6 +197,18 @@ def init(
         seconds=round(time.perf_counter() - started, 3),
     )
     return env
+
+
+def shutdown() -> None:
+    """Leave the job's process group, if this process is in one (harmless otherwise).
+
+    Call it once training is over, after `ElasticTrainer.close`: it joins the group's
+    communication threads while the interpreter is still whole, so none outlives it into
+    shutdown, where one can abort the process and turn a finished replica into a failed one.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        log.info("process_group_left")
 
 
 class ElasticTrainer:
@@ -1082,7 +1103,11 @@ class ElasticTrainer:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush metrics, restore signal handlers and detach hooks (idempotent)."""
+        """Flush metrics, restore signal handlers, detach hooks and drop the DDP wrapper.
+
+        Idempotent. Dropping the wrapper releases its hold on the process group, so that
+        `shutdown` (or ``dist.destroy_process_group``) frees the group and its threads.
+        """
         if self._closed:
             return
         self._closed = True
@@ -1093,6 +1118,7 @@ class ElasticTrainer:
         if self._signals_installed:
             self.stop_signal.uninstall()
         self.collector.remove()
+        self.ddp = None
 
     def __enter__(self) -> Self:
         return self

@@ -1,5 +1,7 @@
 """A real two-process gloo run: DDP gradients, GNS from per-replica gradients, metrics, tails."""
 
+import faulthandler
+import os
 import socket
 
 import pytest
@@ -20,6 +22,7 @@ from pollux.train import (  # noqa: E402
     TrainEnv,
     estimate,
     init,
+    shutdown,
 )
 from pollux.train.gns import VAR_FLOOR  # noqa: E402
 
@@ -44,7 +47,22 @@ def flat_grad(model):
     return torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
 
 
+def communication_threads():
+    """Names of this process's c10d threads (gloo, TCPStore), or None off Linux."""
+    if not os.path.isdir("/proc/self/task"):
+        return None
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # a thread that ended while we listed
+            continue
+    return sorted(n for n in names if n.startswith(("gloo", "pt_")))
+
+
 def worker(rank, port, out_dir):
+    faulthandler.enable()  # a native abort prints every thread's Python stack
     torch.set_num_threads(1)
     env = TrainEnv(rank=rank, world_size=2, master_port=port, job_id="dist-test")
     model = new_model()
@@ -87,7 +105,8 @@ def worker(rank, port, out_dir):
     result["final_steps"] = trainer.steps
     result["epoch"] = trainer.epoch
     dist.barrier()
-    dist.destroy_process_group()
+    shutdown()
+    result["threads_after_shutdown"] = communication_threads()
     torch.save(result, out_dir / f"rank{rank}.pt")
 
 
@@ -152,6 +171,17 @@ def test_rank_zero_reported_step_times_for_its_configuration(results):
     assert obs.optim_step_time_s > 0
     assert obs.accum_step_time_s > 0
     assert results[1]["observations"] == {}  # only rank 0 reports
+
+
+def test_leaving_the_group_after_close_stops_every_communication_thread(results):
+    # A gloo or TCPStore thread alive at interpreter shutdown can abort a replica that has
+    # finished (SIGABRT, exit 134): the job would fail. DDP pulls in torch.distributed.nn,
+    # which pinned the world group when imported after it was created (pollux.train now
+    # imports it first), and the trainer's DDP wrapper held it until `close` dropped it.
+    threads = [r["threads_after_shutdown"] for r in results]
+    if threads[0] is None:
+        pytest.skip("thread names are read from /proc (Linux)")
+    assert threads == [[], []]
 
 
 # -- the environment contract every replica starts with (docs/architecture.md §7) ----------
@@ -238,6 +268,7 @@ class Rescale(nn.Module):
 
 
 def tail_worker(rank, port, samples, with_buffer, out_dir):
+    faulthandler.enable()
     torch.set_num_threads(1)
     env = TrainEnv(rank=rank, world_size=2, master_port=port, job_id="tail-test")
     init(env, timeout_s=20)  # a collective mismatch fails in 20 s instead of hanging
@@ -261,11 +292,12 @@ def tail_worker(rank, port, samples, with_buffer, out_dir):
             trainer.step(nn.functional.cross_entropy(trainer.model(x), y))
     trainer.close()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
-    torch.save({"steps": trainer.steps, "params": params}, out_dir / f"tail{rank}.pt")
     # Both ranks leave together: a rank that tears its gloo pairs down while its peer is
     # still inside a collective makes the peer's process abort ("terminate called ...").
     dist.barrier()
-    dist.destroy_process_group()
+    shutdown()
+    result = {"steps": trainer.steps, "params": params, "threads": communication_threads()}
+    torch.save(result, out_dir / f"tail{rank}.pt")
 
 
 @pytest.mark.parametrize(
@@ -289,3 +321,4 @@ def test_an_epoch_tail_that_leaves_a_replica_without_samples_does_not_deadlock(
     ranks = [torch.load(tmp_path / f"tail{r}.pt") for r in range(2)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == 2 * ((samples + 1) // 2)
     assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert all(r["threads"] in ([], None) for r in ranks)  # nothing outlives `shutdown`
