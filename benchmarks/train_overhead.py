@@ -210,11 +210,13 @@ def worker(rank: int, case: Case, port: int, args: argparse.Namespace, out: Path
             (plain_times if loop is plain else pollux_times).extend(times)
             medians[loop is plain] = statistics.median(times)
         ratios.append(medians[False] / medians[True])
+        del order, loop
     if isinstance(pollux, PolluxLoop):
         pollux.trainer.close()
+    del plain, pollux  # the plain loop's DDP wrapper holds the group: drop it before leaving
     if dist.is_initialized():
         dist.barrier()  # nobody tears down the group while another replica still uses it
-        dist.destroy_process_group()
+        pt.shutdown()
     if rank == 0:
         torch.save(
             {
