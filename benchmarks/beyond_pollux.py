@@ -64,7 +64,7 @@ SIA_DELAYS = (15.0, 250.0)  # the range of restart delays Sia measured, seconds
 
 EVENT_DELAY = 1.0
 """Seconds after a submission or completion at which the live scheduler runs a round
-(`scheduling.debounce_s`'s default): the "-events" variants simulate it."""
+(`scheduling.debounce_s`'s default): the "-events" and "-place" variants simulate it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +74,22 @@ class Variant:
     Attributes:
         jct: The jct mode's settings; None: faithful Pollux.
         event_rounds: Also run a round `EVENT_DELAY` after each submission and completion,
-            as the live scheduler does (`SimConfig.event_delay`); False: every `--interval`
-            only, as the published simulator does.
+            as the live scheduler does (`SimConfig.event_delay`), that does this
+            (`SimConfig.event_rounds`): "full" re-plans every job, "place" only places jobs
+            that never ran on free GPUs. None: every `--interval` only, as published.
     """
 
     jct: JctParams | None
-    event_rounds: bool = False
+    event_rounds: str | None = None
 
 
 VARIANTS: dict[str, Variant] = {
     "faithful": Variant(None),  # the published system
-    "faithful-events": Variant(None, event_rounds=True),  # ... with the live scheduler's rounds
+    "faithful-events": Variant(None, event_rounds="full"),  # ... with full event rounds
+    "faithful-place": Variant(None, event_rounds="place"),  # ... with placement event rounds
     "jct": Variant(JctParams()),
-    "jct-events": Variant(JctParams(), event_rounds=True),  # the live jct mode
+    "jct-events": Variant(JctParams(), event_rounds="full"),
+    "jct-place": Variant(JctParams(), event_rounds="place"),  # the live jct mode's default
     # Ablations: one part of the jct mode at a time.
     "jct-no-weights": Variant(JctParams(rank_weights=False)),
     "jct-age-restart": Variant(JctParams(restart="age")),
@@ -373,10 +376,11 @@ def build_tasks(args: argparse.Namespace, config: SimConfig) -> list[Task]:
                 if not args.workloads or int(name.rsplit("-", 1)[-1]) in args.workloads
             ]
         for variant in args.variants:
+            events = VARIANTS[variant].event_rounds
             timed = (
-                replace(config, event_delay=EVENT_DELAY)
-                if VARIANTS[variant].event_rounds
-                else config
+                config
+                if events is None
+                else replace(config, event_delay=EVENT_DELAY, event_rounds=events)
             )
             tasks += [Task(variant, load, name, tuple(jobs), timed) for name, jobs in workloads]
     return tasks

@@ -22,6 +22,7 @@ from pollux.goodput import (
 from pollux.policy.types import TenantSpec
 from pollux.sim.report import ReportError, compare_main
 from pollux.sim.runner import MODES, POLICIES, run, spec_for, stderr_progress
+from pollux.sim.simulator import EVENT_ROUNDS
 from pollux.sim.traces import (
     ApplicationTrace,
     ThroughputTrace,
@@ -85,6 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="also run a round this long after each submission and completion, as the live "
         "scheduler does (its debounce_s, 1 s); default: every --interval only (published)",
+    )
+    run.add_argument(
+        "--event-rounds",
+        choices=EVENT_ROUNDS,
+        default="full",
+        help="with --event-delay, what those rounds do: full: re-plan every job (the timer "
+        "restarts); place: only place jobs that never ran on free GPUs, periodic rounds "
+        "keeping their own clock (the live scheduler's scheduling.event_rounds)",
     )
     run.add_argument(
         "--interference",
@@ -165,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         args.mode,
         interval=args.interval,
         event_delay=args.event_delay,
+        event_rounds=args.event_rounds,
         interference=args.interference,
         seed=args.seed,
         nodes=args.nodes,

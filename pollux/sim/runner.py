@@ -151,6 +151,7 @@ def run(
         "load": infer_load(target),
         "interval": spec.config.interval,
         "event_delay": spec.config.event_delay,
+        "event_rounds": spec.config.event_rounds,
         "interference": spec.config.interference,
         "seed": spec.config.seed,
         "nodes": spec.config.nodes,

@@ -39,6 +39,7 @@ from pollux.goodput import (
 )
 from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
 from pollux.policy.jct import resize_history
+from pollux.policy.placement import placement_state
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
 from pollux.sim.application import Application, split_fixed_batch
 from pollux.sim.workload import WorkloadJob
@@ -60,6 +61,9 @@ class JobMode(enum.Enum):
     FIXED_BATCH = "fixed_batch"
     FIXED = "fixed"
 
+
+EVENT_ROUNDS = ("full", "place")
+"""What an event-triggered round does (`SimConfig.event_rounds`)."""
 
 MODES = {"pollux": JobMode.ADAPTIVE, "optimus": JobMode.FIXED_BATCH, "tiresias": JobMode.FIXED}
 
@@ -95,6 +99,10 @@ class SimConfig:
             runs, the periodic schedule restarting from it: the live scheduler's
             event-triggered rounds (`scheduling.debounce_s`, 1 s there). None (published):
             rounds only every `interval`, so a submission waits for the next one.
+        event_rounds: What those extra rounds do. "full": re-plan every job, the periodic
+            schedule restarting from the round. "place": only place jobs that never ran on
+            free GPUs (`pollux.policy.placement`), periodic rounds keeping their own clock
+            (the live `scheduling.event_rounds`). With tenants every round is a full one.
     """
 
     nodes: int = 16
@@ -110,6 +118,7 @@ class SimConfig:
     undeclared_fraction: float = 0.0
     share_profiles: bool = False
     event_delay: float | None = None
+    event_rounds: str = "full"
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or not 1 <= self.gpus_per_node <= 4:
@@ -122,6 +131,12 @@ class SimConfig:
             raise ValueError("need 0 ≤ undeclared_fraction ≤ 1")
         if self.event_delay is not None and not 0 <= self.event_delay < self.interval:
             raise ValueError("need 0 ≤ event_delay < interval (None: periodic rounds only)")
+        if self.event_rounds not in EVENT_ROUNDS:
+            raise ValueError(
+                f"event_rounds must be one of {EVENT_ROUNDS}, not {self.event_rounds!r}"
+            )
+        if self.event_rounds != "full" and self.event_delay is None:
+            raise ValueError(f"event_rounds={self.event_rounds!r} needs an event_delay")
 
     def delay_of(self, application: str) -> float:
         """Restart delay of a job of `application` (seconds)."""
@@ -529,11 +544,17 @@ def simulate(
     memory: object | None = None
     runs = _runs_by_application(jobs)
     now, rounds = 0.0, 0
+    periodic_due = config.interval
+    place_on_events = config.event_rounds == "place" and not config.tenants
     arrivals = sorted({job.spec.submission_time for job in jobs})
     while not all(job.completed for job in jobs):
         if now > max_time:
             raise RuntimeError(f"jobs still running after {max_time:.0f} s of simulated time")
-        now = _advance(jobs, now, config, arrivals, seen=now if rounds else -math.inf)
+        seen = now if rounds else -math.inf
+        now, periodic = _advance(jobs, now, config, arrivals, seen=seen, due=periodic_due)
+        full = periodic or not place_on_events
+        if full:
+            periodic_due = now + config.interval
         active = [j for j in jobs if j.spec.submission_time <= now and not j.completed]
         for job in jobs:
             if job.completed and job.allocation:
@@ -543,12 +564,7 @@ def simulate(
         if active:
             infos = tuple(j.info(now, node_names, config) for j in active)
             state = ClusterState(now, nodes, infos, config.tenants)
-            decision = policy.allocate(state, memory, rng)
-            memory = decision.memory
-            for job in active:
-                new = tuple(sorted(index[n] for n in decision.allocations.get(job.name, ())))
-                if new != job.allocation:
-                    job.reallocate(new, config.delay_of(job.app.name))
+            memory = _plan_round(active, state, policy, memory, rng, full, index, config)
         rounds += 1
         if on_round is not None:
             on_round(_round_record(now, config, jobs))
@@ -564,6 +580,39 @@ def simulate(
     )
 
 
+def _plan_round(
+    active: Sequence[SimJob],
+    state: ClusterState,
+    policy: Policy,
+    memory: object | None,
+    rng: np.random.Generator,
+    full: bool,
+    index: Mapping[str, int],
+    config: SimConfig,
+) -> object | None:
+    """Plan one round and apply it; returns the warm start for the next full round.
+
+    A full round re-plans every job; a placement round only places jobs that never ran on
+    free GPUs (`placement_state`) and keeps the last full round's warm start.
+    """
+    if full:
+        decision = policy.allocate(state, memory, rng)
+        memory = decision.memory
+    else:
+        state = placement_state(state)
+        if not (state.jobs and state.nodes):
+            return memory
+        decision = policy.allocate(state, None, rng)
+    planned = {info.name for info in state.jobs}
+    for job in active:
+        if job.name not in planned:
+            continue
+        new = tuple(sorted(index[n] for n in decision.allocations.get(job.name, ())))
+        if new != job.allocation:
+            job.reallocate(new, config.delay_of(job.app.name))
+    return memory
+
+
 def _advance(
     jobs: Sequence[SimJob],
     now: float,
@@ -571,25 +620,26 @@ def _advance(
     arrivals: Sequence[float],
     *,
     seen: float,
-) -> float:
-    """Run every job from `now` to the next round; returns the next round's time.
+    due: float,
+) -> tuple[float, bool]:
+    """Run every job from `now` to the next round; returns its time and whether it is periodic.
 
     `arrivals` are the sorted submission times; those up to `seen` (the last round's time,
-    −inf before the first) were seen by a round.
+    −inf before the first) were seen by a round. `due` is the next periodic round's time.
 
-    Periodic rounds (published): `interval` later. With `config.event_delay`, earlier when a
-    job is submitted or completes: `event_delay` after the first such event, as the live
+    Periodic rounds (published): at `due`. With `config.event_delay`, earlier when a job is
+    submitted or completes: `event_delay` after the first such event, as the live
     scheduler's debounced trigger runs one. A completion is found by stepping epoch by epoch
     through the jobs that may finish before the next round (`SimJob.seconds_to_finish`)
     rather than past it: on published workloads the round follows within the delay and a
     second for all but about one completion in 300.
     """
-    due = now + config.interval
     if config.event_delay is None:
         slow = _interference(jobs, config.interference)
         for job in jobs:
-            job.step(config.interval, slow.get(job.name, 0.0))
-        return due
+            job.step(due - now, slow.get(job.name, 0.0))
+        return due, True
+    periodic_due = due
     delay = config.event_delay
     position = bisect.bisect_right(arrivals, seen)
     if position < len(arrivals):
@@ -606,11 +656,11 @@ def _advance(
         running = [job for job in jobs if not job.completed]
         for job in jobs:
             job.step(span, slow.get(job.name, 0.0))
-        now += span
+        now = due if span == due - now else now + span  # exactly on time: the clock stays whole
         for job in running:
             if job.completion_time is not None:
                 due = min(due, max(job.completion_time + delay, now))
-    return now
+    return now, due == periodic_due
 
 
 def _runs_by_application(jobs: Sequence[SimJob]) -> dict[str, list[SimJob]]:

@@ -397,7 +397,7 @@ class JobDecision(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., speedup: _Optional[float] = ..., restart_penalty: _Optional[float] = ..., reason: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded", "unchanged_not_recorded")
+    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded", "unchanged_not_recorded", "placement")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +407,7 @@ class Decision(_message.Message):
     SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
     PENDING_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     UNCHANGED_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     round: int
     time: _timestamp_pb2.Timestamp
     policy: str
@@ -416,7 +417,8 @@ class Decision(_message.Message):
     scheduler_id: str
     pending_not_recorded: int
     unchanged_not_recorded: int
-    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ...) -> None: ...
+    placement: bool
+    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ..., placement: _Optional[bool] = ...) -> None: ...
 
 class ApiToken(_message.Message):
     __slots__ = ("id", "user", "role", "tenant", "secret_sha256", "create_time", "expire_time", "description", "created_by")

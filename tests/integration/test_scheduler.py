@@ -355,6 +355,39 @@ async def test_the_jct_mode_schedules_live_with_declared_sizes(
         await r.stop()
 
 
+async def test_an_event_round_places_a_new_job_at_once_and_moves_no_running_one(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    # Periodic rounds 30 s apart: within the test only the term's first round is a full one.
+    cfg = config(etcd, root, "s-place")
+    cfg = replace(cfg, scheduling=replace(cfg.scheduling, interval_s=30.0))
+    assert cfg.scheduling.event_rounds == "place"  # the default
+    r = await Replica(store, cfg).start()
+    try:
+        await eventually(lambda: r.scheduler.last_round >= 1)  # the term's full round
+        await add_node(store, "n1", 4)
+        ids = []
+        for name in ("first", "second"):
+            submitted = spb.SubmitJobRequest(spec=spec(name), request_id=name)
+            job_id = (await r.stub.SubmitJob(submitted)).job.id
+            ids.append(job_id)
+
+            async def placed(job_id: str = job_id) -> bool:
+                got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
+                return len(got.allocation.nodes) >= 1
+
+            await eventually(placed, timeout=10.0)
+            if name == "first":
+                first = (await r.stub.GetJob(spb.GetJobRequest(job_id=ids[0]))).job
+        again = (await r.stub.GetJob(spb.GetJobRequest(job_id=ids[0]))).job
+        assert again.allocation == first.allocation  # not moved to make room or grown
+        decisions = await store.latest_decisions(r.scheduler.last_round)
+        placing = {d.job_id: record.placement for record in decisions for d in record.jobs}
+        assert placing == {ids[0]: True, ids[1]: True}
+    finally:
+        await r.stop()
+
+
 async def test_replica_reports_drive_running_and_success(replica: Replica, store: Store) -> None:
     await add_node(store, "n1", 2)
     job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="b"))).job

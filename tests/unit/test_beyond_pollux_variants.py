@@ -8,8 +8,9 @@ def test_event_variants_run_the_live_schedulers_rounds_and_the_others_the_publis
     tasks = build_tasks(args, make_config(args))
     assert {t.variant for t in tasks} == set(VARIANTS)
     for task in tasks:
-        events = task.variant.endswith("-events")
-        assert task.config.event_delay == (EVENT_DELAY if events else None), task.variant
+        kind = {"events": "full", "place": "place"}.get(task.variant.rsplit("-", 1)[-1])
+        assert task.config.event_delay == (None if kind is None else EVENT_DELAY), task.variant
+        assert task.config.event_rounds == (kind or "full"), task.variant
         assert task.config.interval == 60.0
 
 
@@ -18,3 +19,5 @@ def test_the_faithful_variants_run_faithful_pollux_and_the_jct_ones_the_mode():
     assert VARIANTS["faithful-events"].jct is None
     assert VARIANTS["jct"].jct is not None
     assert VARIANTS["jct-events"].jct == VARIANTS["jct"].jct
+    assert VARIANTS["faithful-place"].jct is None
+    assert VARIANTS["jct-place"].jct == VARIANTS["jct"].jct

@@ -43,6 +43,17 @@ def test_event_rounds_run_a_round_after_each_submission(tmp_path, capsys):
     assert all(any(s <= t <= s + 1.0 for t in times) for s in submitted)
 
 
+def test_placement_event_rounds_are_selected_and_recorded(tmp_path):
+    out = tmp_path / "place"
+    workload = WORKLOADS / "workload-6.csv"
+    argv = ["run", "--event-delay", "1", "--event-rounds", "place", "--output", str(out)]
+    assert main([*argv, str(workload)]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert (info["event_delay"], info["event_rounds"]) == (1.0, "place")
+    times = [json.loads(line)["timestamp"] for line in (out / "workload-6.jsonl").open()]
+    assert any(t % 60 for t in times)  # event rounds ran between the periodic ones
+
+
 def test_a_directory_of_workloads_runs_in_parallel_and_compares(tmp_path, capsys):
     folder = tmp_path / "workloads"
     folder.mkdir()
@@ -90,8 +101,18 @@ def test_compare_against_the_published_results(tmp_path, capsys):
             ["run", "--event-delay", "60", "--output", "x", str(WORKLOADS / "workload-6.csv")],
             "event_delay < interval",
         ),
+        (
+            ["run", "--event-rounds", "place", "--output", "x", str(WORKLOADS / "workload-6.csv")],
+            "needs an event_delay",
+        ),
     ],
-    ids=["missing workload", "missing run directory", "missing traces", "event delay too long"],
+    ids=[
+        "missing workload",
+        "missing run directory",
+        "missing traces",
+        "event delay too long",
+        "placement rounds without events",
+    ],
 )
 def test_errors_are_one_clear_line_and_exit_code_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -1,9 +1,11 @@
 """Event-triggered rounds in the simulator (`SimConfig.event_delay`), as the live scheduler runs
-them: a round shortly after each submission and completion, and the periodic schedule
-restarting from it."""
+them: a round shortly after each submission and completion. A full one re-plans every job and
+the periodic schedule restarts from it; a placement one (`event_rounds="place"`) only places
+jobs that never ran on free GPUs, periodic rounds keeping their own clock."""
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from pollux.goodput import SyncModel
 from pollux.policy.jct import JctParams
+from pollux.policy.placement import never_ran
 from pollux.policy.pollux import PolluxPolicy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import JobMode, SimConfig, SimJob, simulate
@@ -29,6 +32,7 @@ WORKLOAD = [
     WorkloadJob("ncf-5", 1234, "ncf", 1, 32768),
 ]
 EVENTS = SimConfig(nodes=2, gpus_per_node=4, event_delay=1.0)
+PLACE = replace(EVENTS, event_rounds="place")
 POLICIES = {"faithful": PolluxPolicy, "jct": lambda: PolluxPolicy(jct=JctParams())}
 
 
@@ -55,6 +59,27 @@ def test_rounds_are_at_most_an_interval_apart_and_in_order(mode):
     _, times, _ = run(POLICIES[mode]())
     gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
     assert all(0 < gap <= EVENTS.interval for gap in gaps)
+
+
+def first_allocations(rounds):
+    return {
+        entry["name"]: next(
+            r["timestamp"]
+            for r in rounds
+            for e in r["submitted_jobs"]
+            if e["name"] == entry["name"] and e["allocation"]
+        )
+        for entry in rounds[-1]["submitted_jobs"]
+    }
+
+
+def test_with_placement_rounds_a_job_starts_at_once_on_free_gpus_else_at_the_periodic_round():
+    _, _, rounds = run(PolluxPolicy(), PLACE)
+    first = first_allocations(rounds)
+    for job in WORKLOAD:
+        periodic = math.ceil(job.submission_time / PLACE.interval) * PLACE.interval
+        assert first[job.name] in (job.submission_time + 1.0, periodic), job.name
+    assert first["ncf-0"] == 1.0  # an idle cluster: placed by the event round
 
 
 def test_a_job_submitted_to_a_cluster_with_free_gpus_starts_at_the_next_event_round():
@@ -93,6 +118,61 @@ def test_an_event_delay_outside_the_round_interval_is_rejected(delay):
         SimConfig(interval=60.0, event_delay=delay)
 
 
+class Recording:
+    """The Pollux policy, keeping every state it was asked to plan."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.explore_growth = inner.explore_growth
+        self.states = []
+
+    def allocate(self, state, memory, rng):
+        self.states.append(state)
+        return self.inner.allocate(state, memory, rng)
+
+
+def on_the_interval(t):
+    return t % PLACE.interval == 0
+
+
+@pytest.mark.parametrize("mode", POLICIES)
+def test_placement_rounds_plan_only_jobs_that_never_ran_and_keep_the_periodic_clock(mode):
+    policy = Recording(POLICIES[mode]())
+    _, times, _ = run(policy, PLACE)
+    assert any(not on_the_interval(t) for t in times)  # the workload does trigger event rounds
+    periodic = [s for s in policy.states if on_the_interval(s.now)]
+    assert [s.now for s in periodic] == [PLACE.interval * (i + 1) for i in range(len(periodic))]
+    for state in policy.states:
+        if not on_the_interval(state.now):
+            assert state.jobs, state.now
+            assert all(never_ran(job) for job in state.jobs), state.now
+            assert sum(n.gpus for n in state.nodes) <= PLACE.nodes * PLACE.gpus_per_node
+
+
+@pytest.mark.parametrize("mode", POLICIES)
+def test_with_placement_rounds_a_job_that_ran_is_moved_only_by_a_periodic_round(mode):
+    _, times, rounds = run(POLICIES[mode](), PLACE)
+    held: dict[str, list] = {}
+    moves = 0
+    for t, record in zip(times, rounds, strict=True):
+        for entry in record["submitted_jobs"]:
+            before = held.get(entry["name"], [])
+            finished = entry["completion_time"] is not None
+            if before and entry["allocation"] != before and not finished:
+                assert on_the_interval(t), (entry["name"], t)
+                moves += 1
+            held[entry["name"]] = entry["allocation"]
+    assert moves > 0  # the workload does rescale jobs
+
+
+def test_event_rounds_other_than_full_and_place_are_rejected():
+    with pytest.raises(ValueError, match="event_rounds must be one of"):
+        replace(EVENTS, event_rounds="grow")
+    with pytest.raises(ValueError, match="needs an event_delay"):
+        SimConfig(event_rounds="place")
+
+
 @pytest.mark.parametrize("app", ["cifar10", "bert", "ncf"])
 def test_the_predicted_finish_is_exact_in_the_last_epoch(app):
     spec = WorkloadJob(f"{app}-0", 0.0, app, 1, 128)
@@ -125,13 +205,14 @@ def test_a_job_without_gpus_never_finishes():
         max_size=5,
     ),
     st.sampled_from([0.0, 1.0, 5.0]),
+    st.sampled_from(["full", "place"]),
 )
-def test_any_workload_completes_with_a_round_soon_after_each_submission(jobs, delay):
+def test_any_workload_completes_with_a_round_soon_after_each_submission(jobs, delay, kind):
     workload = sorted(
         (WorkloadJob(f"{app}-{i}", t, app, 1, 2048) for i, (app, t) in enumerate(jobs)),
         key=lambda job: job.submission_time,
     )
-    config = SimConfig(nodes=1, gpus_per_node=4, event_delay=delay)
+    config = SimConfig(nodes=1, gpus_per_node=4, event_delay=delay, event_rounds=kind)
     rounds = []
     result = simulate(workload, APPS, PolluxPolicy(jct=JctParams()), config, on_round=rounds.append)
     times = [r["timestamp"] for r in rounds]

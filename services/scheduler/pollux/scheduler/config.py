@@ -12,6 +12,7 @@ from pollux.service.maintenance import MaintenanceSettings
 POLICIES = ("pollux", "optimus", "tiresias")
 MODES = ("faithful", "jct")
 JCT_RESTARTS = ("ramp", "holding", "expected")
+EVENT_ROUNDS = ("place", "full")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +28,16 @@ class SchedulingConfig:
     interval_s: float = 60.0
     """Seconds between periodic rounds (the paper's 60 s)."""
     debounce_s: float = 1.0
-    """Events (submit, completion, node change) trigger a round after this quiet period. The
-    simulator runs the same timing with `SimConfig.event_delay`: it saves each new job the wait
-    for the next periodic round, and costs restarts (README "Beyond Pollux")."""
+    """Events (submit, completion, cancel, node change) trigger a round after this quiet
+    period, which saves each new job the wait for the next periodic round. The simulator runs
+    the same timing with `SimConfig.event_delay`."""
+    event_rounds: str = "place"
+    """What an event-triggered round does. "place" (the default): place jobs that never ran
+    on the GPUs no job holds, and leave every other job to the periodic rounds, which keep
+    their own clock (pollux.policy.placement). "full": re-plan every job, the periodic timer
+    restarting from the round; an arrival and a departure in the same minute then move the
+    running jobs twice (more restarts per job on the simulator: README "Beyond Pollux").
+    With tenants every round is a full one."""
     restart_delay_s: float = 30.0
     """Expected cost of a re-allocation, for Pollux's restart penalty."""
     seed: int = 0
@@ -69,6 +77,10 @@ class SchedulingConfig:
             out.append("interval_s: must be > 0")
         if self.debounce_s < 0:
             out.append("debounce_s: must be >= 0")
+        if self.event_rounds not in EVENT_ROUNDS:
+            out.append(
+                f"event_rounds: {self.event_rounds!r} is not one of {', '.join(EVENT_ROUNDS)}"
+            )
         if self.restart_delay_s < 0:
             out.append("restart_delay_s: must be >= 0")
         if self.decision_history < 1:

@@ -6,7 +6,9 @@ the round makes; the scheduler commits them in fenced transactions. The phases:
 1. reconcile replica reports with job states (running, succeeded, failed, planned stops,
    cancellations, vanished nodes);
 2. build the policy's `ClusterState` from the active jobs and their published models;
-3. run the policy (Pollux, Optimus or Tiresias: pure, seeded);
+3. run the policy (Pollux, Optimus or Tiresias: pure, seeded); a *placement* round (an
+   event-triggered one under `scheduling.event_rounds = "place"`) runs it on the free GPUs
+   and the jobs that never ran only (pollux.policy.placement), every other job keeping its GPUs;
 4. diff against current allocations: new allocations get the next generation, and job states
    follow (ALLOCATED, RESCALING, PENDING);
 5. (scheduler) commit; 6. (scheduler) record the decision.
@@ -37,6 +39,7 @@ from pollux.goodput import (
 from pollux.goodput import errors as goodput_errors
 from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
 from pollux.policy.jct import resize_history
+from pollux.policy.placement import placement_state
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
@@ -130,11 +133,15 @@ def plan_round(
     scheduler_id: str,
     recorded: Mapping[str, Recorded] | None = None,
     known: Mapping[str, KnownJob] | None = None,
+    placement: bool = False,
 ) -> RoundPlan:
     """Plan one round (see the module docstring).
 
     `recorded` and `known` are the previous round's `RoundPlan.recorded` and `.known` (None: a
-    leader term's first round, which records every job and builds every JobInfo).
+    leader term's first round, which records every job and builds every JobInfo). With
+    `placement`, only jobs that never ran are planned, on the GPUs no job holds; the policy's
+    warm start stays the last full round's. With tenants every round is a full one (a
+    placement cannot see the GPUs a tenant holds elsewhere).
     """
     plan = RoundPlan(memory=memory)
     changed: dict[str, pb.Job] = {}
@@ -178,8 +185,7 @@ def plan_round(
     )
     total = sum(n.gpus for n in state.nodes)
     plan.active_jobs = len(active)
-    decision: AllocationDecision = policy.allocate(state, memory, rng)
-    plan.memory = decision.memory
+    decision, planned = _decide(state, policy, memory, rng, placement, plan)
 
     # Phase 4: diff and transitions.
     record = plan.decision
@@ -189,10 +195,14 @@ def plan_round(
     record.objective = decision.objective if math.isfinite(decision.objective) else 0.0
     record.snapshot_revision = snapshot.revision
     record.scheduler_id = scheduler_id
+    record.placement = planned is not None
     entries: list[pb.JobDecision] = []
     for job in active:
-        new_nodes = tuple(decision.allocations.get(job.id, ()))
         old_nodes = tuple(job.allocation.nodes)
+        if planned is not None and job.id not in planned:
+            plan.held_gpus += len(old_nodes)  # kept as it is, and not recorded
+            continue
+        new_nodes = tuple(decision.allocations.get(job.id, ()))
         plan.held_gpus += len(new_nodes)
         explain = decision.explain.get(job.id)
         moved = new_nodes != old_nodes and Counter(new_nodes) != Counter(old_nodes)
@@ -213,16 +223,11 @@ def plan_round(
         _reallocate(mine, new_nodes, now, round_number, reason, plan)
         changed[job.id] = mine
     previous = recorded or {}
-    fresh = [e for e in entries if not _already_recorded(e, previous.get(e.job_id), round_number)]
-    record.unchanged_not_recorded = len(entries) - len(fresh)
-    _record_jobs(record, fresh, max_entries=MAX_RECORDED_PENDING + int(total))
-    written = {e.job_id for e in record.jobs}
-    for decided in entries:
-        job_id = decided.job_id
-        if job_id in written:
-            plan.recorded[job_id] = Recorded(tuple(decided.nodes), decided.reason, round_number)
-        elif job_id in previous:
-            plan.recorded[job_id] = previous[job_id]
+    _remember(plan, entries, previous, round_number, max_entries=MAX_RECORDED_PENDING + int(total))
+    if planned is not None:  # what records hold of the jobs this round left alone
+        for job in active:
+            if job.id not in planned and job.id in previous:
+                plan.recorded[job.id] = previous[job.id]
 
     # Jobs that give GPUs up are written before jobs that take GPUs (see `takes_gpus`).
     ordered = sorted(
@@ -231,6 +236,52 @@ def plan_round(
     )
     plan.jobs = [(job, snapshot.jobs[job_id].mod_revision) for job_id, job in ordered]
     return plan
+
+
+def _decide(
+    state: ClusterState,
+    policy: Policy,
+    memory: object | None,
+    rng: np.random.Generator,
+    placement: bool,
+    plan: RoundPlan,
+) -> tuple[AllocationDecision, set[str] | None]:
+    """Run the policy; returns its decision and the jobs it planned (None: every job).
+
+    A placement round plans the jobs that never ran on the free GPUs and keeps the last full
+    round's warm start in `plan.memory`; with tenants it is a full round.
+    """
+    if not placement or state.tenants:
+        decision = policy.allocate(state, memory, rng)
+        plan.memory = decision.memory
+        return decision, None
+    state = placement_state(state)
+    planned = {info.name for info in state.jobs}
+    if not (state.jobs and state.nodes):
+        return AllocationDecision({}, {}), planned
+    return policy.allocate(state, None, rng), planned
+
+
+def _remember(
+    plan: RoundPlan,
+    entries: list[pb.JobDecision],
+    previous: Mapping[str, Recorded],
+    round_number: int,
+    *,
+    max_entries: int,
+) -> None:
+    """Record the decisions no recent record holds, and what records now hold of each job."""
+    fresh = [e for e in entries if not _already_recorded(e, previous.get(e.job_id), round_number)]
+    record = plan.decision
+    record.unchanged_not_recorded = len(entries) - len(fresh)
+    _record_jobs(record, fresh, max_entries=max_entries)
+    written = {e.job_id for e in record.jobs}
+    for decided in entries:
+        job_id = decided.job_id
+        if job_id in written:
+            plan.recorded[job_id] = Recorded(tuple(decided.nodes), decided.reason, round_number)
+        elif job_id in previous:
+            plan.recorded[job_id] = previous[job_id]
 
 
 def takes_gpus(old: pb.Allocation, new: pb.Allocation) -> bool:

@@ -2,14 +2,15 @@
 
 Every replica serves reads and submits (the servicer); only the leader allocates. While
 leading, rounds run every `interval_s` and on events (jobs, nodes, models or replica statuses
-change), debounced. Each round's writes are fenced on the leader key, and losing the session
-cancels the round in flight before anything else.
+change), debounced; under `scheduling.event_rounds = "place"` (the default) an event round only
+places jobs that never ran on free GPUs and the periodic rounds keep their own clock. Each
+round's writes are fenced on the leader key, and losing the session cancels the round in
+flight before anything else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +171,8 @@ class Scheduler:
         """Each job's decision as this term's records hold it (cycle.Recorded)."""
         self._known: dict[str, KnownJob] | None = None
         """Each active job's JobInfo as the last round built it (cycle.KnownJob)."""
+        self._next_full = 0.0
+        """Event-loop time of the next periodic (full) round under event_rounds = "place"."""
 
     def trigger(self) -> None:
         """Ask for a round soon (debounced); harmless on followers."""
@@ -226,9 +229,10 @@ class Scheduler:
         decisions = await self.store.latest_decisions(1)
         self.last_round = decisions[0].round if decisions else 0
         janitor = asyncio.create_task(self._retain(fence))
+        placement = False  # a term starts with a full round
         try:
             while not session.lost.is_set():
-                round_task = asyncio.create_task(self.run_round(fence))
+                round_task = asyncio.create_task(self.run_round(fence, placement=placement))
                 lost = asyncio.create_task(session.lost.wait())
                 done, _ = await asyncio.wait(
                     {round_task, lost}, return_when=asyncio.FIRST_COMPLETED
@@ -251,7 +255,7 @@ class Scheduler:
                     # loudly, and retry at the next interval rather than re-campaign in a loop.
                     log.error("round_too_large", key=error.key.decode(), error=str(error))
                     ROUNDS.labels("too_large").inc()
-                await self._wait_for_next(session)
+                placement = await self._wait_for_next()
         finally:
             await cancel_and_wait(janitor)
 
@@ -296,12 +300,24 @@ class Scheduler:
         ops.extend(Delete(e.key) for e in await TokenBook(self.store, self.clock).expired())
         await self.store.txn(ops, fence=fence)
 
-    async def _wait_for_next(self, session: LeaseSession) -> None:
-        interval = self.config.scheduling.interval_s
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), interval)
-            await asyncio.sleep(self.config.scheduling.debounce_s)
+    async def _wait_for_next(self) -> bool:
+        """Wait for the next round: the periodic one, or an event's; True for a placement round.
+
+        Under event_rounds = "full" any round restarts the periodic timer; under "place" an
+        event round only places new jobs, and the periodic rounds keep their own clock.
+        """
+        scheduling = self.config.scheduling
+        loop = asyncio.get_running_loop()
+        place = scheduling.event_rounds == "place"
+        timeout = max(0.0, self._next_full - loop.time()) if place else scheduling.interval_s
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            self._wake.clear()
+            return False
+        await asyncio.sleep(scheduling.debounce_s)
         self._wake.clear()
+        return place and loop.time() < self._next_full
 
     async def _read(self) -> Snapshot:
         """What a round plans from: the mirror, once it is known to be fresh.
@@ -321,8 +337,11 @@ class Scheduler:
         log.warning("mirror_lagging", committed=self._committed, mirrored=self.mirror.jobs.revision)
         return await self.store.snapshot()
 
-    async def run_round(self, fence: Fence) -> pb.Decision:
-        """Snapshot → plan → fenced commit → decision record."""
+    async def run_round(self, fence: Fence, *, placement: bool = False) -> pb.Decision:
+        """Snapshot → plan → fenced commit → decision record.
+
+        With `placement`, only jobs that never ran are placed on free GPUs (cycle.plan_round).
+        """
         number = self.last_round + 1
         with structlog.contextvars.bound_contextvars(round=number, role="leader"):
             started = time.perf_counter()
@@ -341,6 +360,7 @@ class Scheduler:
                 scheduler_id=self.member.id,
                 recorded=self._recorded,
                 known=self._known,
+                placement=placement,
             )
             planned = time.perf_counter()
             await self._commit(plan, fence, number)
@@ -349,6 +369,9 @@ class Scheduler:
             self._recorded = plan.recorded
             self._known = plan.known
             self.last_round = number
+            if not plan.decision.placement:
+                loop = asyncio.get_running_loop()
+                self._next_full = loop.time() + self.config.scheduling.interval_s
             ROUND_SECONDS.labels("snapshot").observe(read - started)
             ROUND_SECONDS.labels("policy").observe(planned - read)
             ROUND_SECONDS.labels("commit").observe(committed - planned)
@@ -359,6 +382,7 @@ class Scheduler:
                 recorded=len(plan.decision.jobs),
                 changed=len(plan.jobs),
                 gpus=plan.held_gpus,
+                placement=plan.decision.placement,
                 objective=round(plan.decision.objective, 6),
                 snapshot_ms=round((read - started) * 1e3, 1),
                 policy_ms=round((planned - read) * 1e3, 1),
