@@ -523,6 +523,10 @@ async def test_a_write_over_the_store_bound_keeps_the_leader_and_is_resource_exh
     await eventually(lambda: too_large_rounds() > before, what="a refused round")
     assert replica.scheduler.leadership.leading
     assert replica.scheduler.leadership.fence == fence  # refused, not a lost leadership
+    # A refused round is followed by the next periodic one, not retried in a tight loop.
+    seen = too_large_rounds()
+    await asyncio.sleep(1.5)
+    assert too_large_rounds() - seen <= 10  # 0.5 s rounds: about three in 1.5 s
     stored = await store.get_job(job.id)
     assert stored is not None
     assert stored.value.state == pb.JOB_STATE_PENDING

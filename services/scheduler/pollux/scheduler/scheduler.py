@@ -230,8 +230,12 @@ class Scheduler:
         self.last_round = decisions[0].round if decisions else 0
         janitor = asyncio.create_task(self._retain(fence))
         placement = False  # a term starts with a full round
+        loop = asyncio.get_running_loop()
         try:
             while not session.lost.is_set():
+                if not placement:  # the periodic clock runs from each full round's start,
+                    # so a full round that fails still waits an interval before the next
+                    self._next_full = loop.time() + self.config.scheduling.interval_s
                 round_task = asyncio.create_task(self.run_round(fence, placement=placement))
                 lost = asyncio.create_task(session.lost.wait())
                 done, _ = await asyncio.wait(
@@ -369,9 +373,6 @@ class Scheduler:
             self._recorded = plan.recorded
             self._known = plan.known
             self.last_round = number
-            if not plan.decision.placement:
-                loop = asyncio.get_running_loop()
-                self._next_full = loop.time() + self.config.scheduling.interval_s
             ROUND_SECONDS.labels("snapshot").observe(read - started)
             ROUND_SECONDS.labels("policy").observe(planned - read)
             ROUND_SECONDS.labels("commit").observe(committed - planned)
