@@ -28,6 +28,14 @@ def test_the_jct_restart_rule_is_checked_and_reaches_the_policy() -> None:
     assert make_policy("pollux", 30.0, "jct").jct.restart == "ramp"  # type: ignore[attr-defined]
 
 
+def test_event_rounds_place_by_default_and_are_checked() -> None:
+    assert SchedulingConfig().event_rounds == "place"
+    assert SchedulingConfig(event_rounds="full").problems() == []
+    assert SchedulingConfig(event_rounds="grow").problems() == [
+        "event_rounds: 'grow' is not one of place, full"
+    ]
+
+
 def test_seeding_is_off_unless_set() -> None:
     assert not SchedulingConfig(mode="jct").seed_profiles
     assert not SchedulingConfig().seed_profiles, "the faithful mode stays the published system"
