@@ -242,6 +242,15 @@ def test_explanation_text_has_decision_round_batch_and_model():
     assert "Seeded from:      j-earlier" in fmt.explanation_text(seeded)
 
 
+def test_explanation_text_names_a_placement_round():
+    placed = dataclasses.replace(
+        explanation(), round=dataclasses.replace(explanation().round, placement=True)
+    )
+    text = fmt.explanation_text(placed)
+    assert "by scheduler-a (placement round, policy pollux" in text
+    assert "placement round" not in fmt.explanation_text(explanation())
+
+
 def test_explanation_text_before_the_first_round():
     text = fmt.explanation_text(Explanation(pending_job(), None, None, None, None))
     assert "Decision:  none yet" in text

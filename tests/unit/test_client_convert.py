@@ -122,7 +122,7 @@ explanations = st.builds(
         TEXT,
         st.booleans(),
     ),
-    round=st.none() | st.builds(RoundInfo, U64, TIMES, TEXT, FLOATS, I64, TEXT),
+    round=st.none() | st.builds(RoundInfo, U64, TIMES, TEXT, FLOATS, I64, TEXT, st.booleans()),
     model=st.none() | models,
     batch=st.none() | st.builds(BatchConfig, U32, U32, U32, FLOATS),
     last_change=st.none() | st.builds(Transition, STATES, TIMES, TEXT),

@@ -260,6 +260,7 @@ def round_to_proto(info: RoundInfo) -> pb.Decision:
         objective=info.objective,
         snapshot_revision=info.snapshot_revision,
         scheduler_id=info.scheduler_id,
+        placement=info.placement,
     )
     time_to_proto(info.time, out.time)
     return out
@@ -274,6 +275,7 @@ def round_from_proto(message: pb.Decision) -> RoundInfo:
         objective=message.objective,
         snapshot_revision=message.snapshot_revision,
         scheduler_id=message.scheduler_id,
+        placement=message.placement,
     )
 
 

@@ -299,7 +299,8 @@ def explanation_text(explanation: Explanation) -> str:
             (
                 "Round",
                 f"{info.round} at {timestamp(info.time)} by {info.scheduler_id or NONE} "
-                f"(policy {info.policy or NONE}, objective {info.objective:.4g}, "
+                f"({'placement round, ' if info.placement else ''}"
+                f"policy {info.policy or NONE}, objective {info.objective:.4g}, "
                 f"etcd revision {info.snapshot_revision})",
             )
         )

@@ -268,6 +268,9 @@ class RoundInfo:
     """etcd revision of the snapshot the round used."""
     scheduler_id: str
     """Scheduler replica that ran it."""
+    placement: bool = False
+    """True: an event's placement round, which planned only jobs that never ran, on free GPUs;
+    False: a full round, which re-planned every job."""
 
 
 @dataclass(frozen=True)
