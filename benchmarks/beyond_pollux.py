@@ -24,13 +24,16 @@ applications and tuned sizes drawn from the pooled 1.0x workloads, submission ti
 from their pooled submission times, load × 160 jobs each; seeds not used by the published
 ones). `--share-profiles` starts each job from the step times the newest earlier run of its
 application measured (`SimConfig.share_profiles`, what the live scheduler's profile seeding
-does). `--variants` adds ablations of the jct
-mode.
+does). `--variants` adds ablations of the jct mode and other round timings: "-events"
+variants also run a full round a second after each submission and completion, "-place" ones
+a placement round (only jobs that never ran, on free GPUs), as the live scheduler does by
+default (`scheduling.event_rounds`).
 
     python benchmarks/beyond_pollux.py --loads 0.5,1.0,1.5 --processes 2
     python benchmarks/beyond_pollux.py --loads 1.0 --restart-delays random:1
     python benchmarks/beyond_pollux.py --loads 1.0 --interval 480
     python benchmarks/beyond_pollux.py --loads 1.0,1.3 --fresh 8
+    python benchmarks/beyond_pollux.py --variants faithful,jct-place --processes 2
 """
 
 from __future__ import annotations
