@@ -4,11 +4,12 @@ Jobs advance through the measured traces of their application: step times come f
 placement traces, gradient statistics and progress from the validation runs. Every `interval`
 seconds the policy (the same code the Scheduler service runs) re-allocates GPUs; a changed
 allocation costs `restart_delay` seconds of no progress. With `SimConfig.event_delay` a round
-also runs that long after each submission and completion, and the next periodic one an
-`interval` after it, as the live scheduler's debounced trigger does (a submission then waits
-a second, not up to a round, for its first GPUs). Pollux jobs fit their own throughput
-model from the step times they experience and choose their batch size with it, as the real
-agent does. The simulation is deterministic for a given seed.
+also runs that long after each submission and completion, as the live scheduler's debounced
+trigger does (a submission then waits a second, not up to a round, for its first GPUs): a
+full one, after which the periodic schedule restarts, or with `event_rounds="place"` one that
+only places new jobs on free GPUs while the periodic rounds keep their own clock. Pollux
+jobs fit their own throughput model from the step times they experience and choose their
+batch size with it, as the real agent does. The simulation is deterministic for a given seed.
 
 Tenants (`SimConfig.tenants`, each job's `WorkloadJob.tenant`) reach the policy in every
 round's `ClusterState`; the Pollux policy enforces them (`pollux.policy.tenants`), the
@@ -96,9 +97,9 @@ class SimConfig:
             `SimJob.adopt`). False (published): each job profiles itself from nothing,
             growing at most to the policy's `explore_growth` times its largest observed size.
         event_delay: Seconds after a job's submission or completion at which an extra round
-            runs, the periodic schedule restarting from it: the live scheduler's
-            event-triggered rounds (`scheduling.debounce_s`, 1 s there). None (published):
-            rounds only every `interval`, so a submission waits for the next one.
+            runs: the live scheduler's event-triggered rounds (`scheduling.debounce_s`, 1 s
+            there). None (published): rounds only every `interval`, so a submission waits
+            for the next one.
         event_rounds: What those extra rounds do. "full": re-plan every job, the periodic
             schedule restarting from the round. "place": only place jobs that never ran on
             free GPUs (`pollux.policy.placement`), periodic rounds keeping their own clock

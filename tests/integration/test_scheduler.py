@@ -391,6 +391,33 @@ async def test_an_event_round_places_a_new_job_at_once(
         await r.stop()
 
 
+async def test_with_tenants_an_event_round_is_a_full_one_and_restarts_the_periodic_clock(
+    etcd: EtcdServer, root: str, store: Store
+) -> None:
+    # A placement round cannot see the GPUs a tenant holds elsewhere, so it runs full.
+    await store.put(store.keys.tenant("team"), pb.Tenant(name="team", guarantee_gpus=1))
+    cfg = config(etcd, root, "s-tenants")
+    r = Replica(store, replace(cfg, scheduling=replace(cfg.scheduling, interval_s=30.0)))
+    await r.start()
+    try:
+        await eventually(lambda: r.scheduler.last_round >= 1)
+        first_due = r.scheduler._next_full
+        await add_node(store, "n1", 4)
+        job_id = (await r.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="t"))).job.id
+
+        async def placed() -> bool:
+            got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
+            return len(got.allocation.nodes) >= 1
+
+        await eventually(placed)
+        decisions = await store.latest_decisions(100)
+        assert len(decisions) >= 2
+        assert not any(d.placement for d in decisions)
+        assert r.scheduler._next_full > first_due  # the event's full round restarted it
+    finally:
+        await r.stop()
+
+
 async def test_replica_reports_drive_running_and_success(replica: Replica, store: Store) -> None:
     await add_node(store, "n1", 2)
     job = (await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="b"))).job

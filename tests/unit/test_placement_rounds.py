@@ -57,9 +57,15 @@ def job(job_id: str, *, nodes: tuple[str, ...] = (), served: float = 0.0) -> pb.
     return out
 
 
-def round_(jobs: list[pb.Job], policy: FirstFit, *, placement: bool, **kw: object) -> RoundPlan:
+def round_(
+    jobs: list[pb.Job],
+    policy: FirstFit,
+    *,
+    placement: bool,
+    tenants: list[pb.Tenant] | None = None,
+) -> RoundPlan:
     return plan_round(
-        snapshot(jobs, **kw),  # type: ignore[arg-type]
+        snapshot(jobs, tenants),
         policy,
         WARM,
         np.random.default_rng(0),

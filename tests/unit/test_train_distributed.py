@@ -187,6 +187,12 @@ def test_leaving_the_group_after_close_stops_every_communication_thread(results)
 # -- the environment contract every replica starts with (docs/architecture.md §7) ----------
 
 
+def test_shutdown_without_a_process_group_is_harmless():
+    assert not dist.is_initialized()
+    shutdown()  # a one-replica job never joined a group
+    assert not dist.is_initialized()
+
+
 def test_environment_contract_is_read_with_defaults_for_a_standalone_run(tmp_path):
     assert TrainEnv.from_environ({}) == TrainEnv()
     env = TrainEnv.from_environ(

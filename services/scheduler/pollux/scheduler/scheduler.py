@@ -233,9 +233,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         try:
             while not session.lost.is_set():
-                if not placement:  # the periodic clock runs from each full round's start,
-                    # so a full round that fails still waits an interval before the next
-                    self._next_full = loop.time() + self.config.scheduling.interval_s
+                # The periodic clock runs from each full round's start (set before the round,
+                # so that a full round that fails still waits an interval for the next).
+                full_due = loop.time() + self.config.scheduling.interval_s
+                if not placement:
+                    self._next_full = full_due
                 round_task = asyncio.create_task(self.run_round(fence, placement=placement))
                 lost = asyncio.create_task(session.lost.wait())
                 done, _ = await asyncio.wait(
@@ -246,7 +248,7 @@ class Scheduler:
                     raise LeadershipLost()
                 lost.cancel()
                 try:
-                    round_task.result()
+                    decision = round_task.result()
                 except FenceLost as error:
                     raise LeadershipLost() from error
                 except Conflict as error:
@@ -259,6 +261,9 @@ class Scheduler:
                     # loudly, and retry at the next interval rather than re-campaign in a loop.
                     log.error("round_too_large", key=error.key.decode(), error=str(error))
                     ROUNDS.labels("too_large").inc()
+                else:
+                    if not decision.placement:  # asked to place, it ran full (tenants)
+                        self._next_full = full_due
                 placement = await self._wait_for_next()
         finally:
             await cancel_and_wait(janitor)
