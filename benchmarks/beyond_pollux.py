@@ -105,6 +105,10 @@ VARIANTS: dict[str, Variant] = {
     "jct-doubling": Variant(JctParams(explore_growth=2)),  # Pollux's exploration step
     "jct-doubling-holding": Variant(JctParams(explore_growth=2, restart="holding")),
     "jct-explore-8": Variant(JctParams(explore_growth=8)),
+    # A new job starts on one GPU, as in Pollux, and pays a restart to grow (the mode before
+    # `JctParams.explore_first`).
+    "jct-start-1": Variant(JctParams(explore_first=False)),
+    "jct-place-start-1": Variant(JctParams(explore_first=False), event_rounds="place"),
 }
 
 

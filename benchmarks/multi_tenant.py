@@ -62,7 +62,7 @@ from typing import Literal
 import numpy as np
 
 from pollux.policy import greedy
-from pollux.policy.exploration import FAITHFUL_GROWTH
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.problem import Problem, TenantShares
 from pollux.policy.tenants import FLOOR, Tenants, entitlements, isolation
@@ -108,7 +108,7 @@ class Recorder:
     """
 
     name = "pollux"
-    explore_growth = FAITHFUL_GROWTH  # the faithful policy's
+    exploration = FAITHFUL  # the faithful policy's
 
     def __init__(
         self, shares: TenantShares = TenantShares.BUDGETS, observed: Labels | None = None

@@ -46,7 +46,7 @@ class Predicting:
         self.inner = inner
         self.max_replicas = max_replicas
         self.name = inner.name  # the simulator picks the job mode by the policy's name
-        self.explore_growth = inner.explore_growth  # and how far its jobs explore
+        self.exploration = inner.exploration  # and how far its jobs explore
         self.round_s = round_s
         self.restart_delay_s = restart_delay_s
         self.models: dict[str, GoodputModel] = {}

@@ -12,7 +12,7 @@ will arrive meanwhile.
 Units: remaining work in M0-steps (`JobInfo.remaining_work`), goodput in M0-equivalent
 samples per second, so a job advances ``goodput / M0`` M0-steps per second.
 
-Jobs explore as they do live: a job may be given up to the policy's `explore_growth` times
+Jobs explore as they do live: a job may be given up to the policy's exploration growth times
 the replicas it has run on (`pollux.policy.exploration`, which `JobInfo.max_replicas`
 carries), so as the forecast gives it more its
 limit grows, up to its hard cap (`caps`: the spec's max_replicas), the cluster and its batch
@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pollux.goodput import best_batch
-from pollux.policy.exploration import exploration_limit
 from pollux.policy.jct import has_held_gpus, resize_history
 from pollux.policy.types import Allocation, ClusterState, JobInfo, Policy
 
@@ -121,7 +120,7 @@ def forecast(
                     completion[job.name] = now + pause + remaining / rate
                     continue
                 remaining -= rate * run
-            measured = exploration_limit(len(allocation), 0, policy.explore_growth)
+            measured = policy.exploration.limit(len(allocation), 0)
             explored = max(job.max_replicas, min(measured, _limit(job, total, caps)))
             after = replace(
                 job,

@@ -4,8 +4,9 @@ Faithful Pollux maximises the power mean (p = -1) of the jobs' speedups over the
 shares, every job alike, and ignores how much work each job has left, although training jobs
 declare it. This mode keeps Pollux's goodput models, speedup tables and optimiser and changes
 three inputs of its `Problem`, and lets a job grow 4-fold a round instead of 2-fold
-(`pollux.policy.exploration`, the one chosen setting; it says how). Every constant below is
-derived, none is fitted.
+(`pollux.policy.exploration`, the one chosen setting; it says how), starting from nothing: a
+new job may start on 4 GPUs, where Pollux starts it on one and pays a restart to grow it.
+Every constant below is derived, none is fitted.
 
 **Objective: weighted proportional fairness, p = 0.** Mean JCT is total flow time
 F = ∫ (jobs in the system) dt. Written as a Lagrangian over the phases between completions
@@ -80,6 +81,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import exp1
 
+from pollux.policy.exploration import Exploration
 from pollux.policy.problem import Problem
 from pollux.policy.types import JobInfo, PolicyInputError
 from pollux.policy.valuation import restart_factor
@@ -111,6 +113,9 @@ class JctParams:
             (`reversal_odds`; the module docstring says why); False: at δ.
         explore_growth: How many times its largest measured size a job may be given in one
             round (`pollux.policy.exploration`; faithful Pollux: 2).
+        explore_first: Let a job that has measured nothing start on up to `explore_growth`
+            GPUs, as far as a job measured on one may grow (`pollux.policy.exploration` says
+            why); False: on one, as Pollux.
 
     Raises:
         PolicyInputError: A field is out of range.
@@ -122,6 +127,13 @@ class JctParams:
     restart: RestartRule = "ramp"
     reversals: bool = True
     explore_growth: int = 4
+    explore_first: bool = True
+
+    @property
+    def exploration(self) -> Exploration:
+        """The mode's exploration rule (`pollux.policy.exploration`)."""
+        start = self.explore_growth if self.explore_first else 1
+        return Exploration(self.explore_growth, start)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.p):

@@ -26,7 +26,7 @@ import numpy as np
 from pollux.policy import greedy, nsga2, tenants
 from pollux.policy import jct as jct_mode
 from pollux.policy.allocation import validate_state
-from pollux.policy.exploration import FAITHFUL_GROWTH
+from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import JctParams
 from pollux.policy.problem import PolluxParams, Problem, TenantShares
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
@@ -57,9 +57,9 @@ class PolluxPolicy:
         return "pollux"
 
     @property
-    def explore_growth(self) -> int:
-        """How many times its largest measured size a job may reach in a round (exploration)."""
-        return FAITHFUL_GROWTH if self.jct is None else self.jct.explore_growth
+    def exploration(self) -> Exploration:
+        """How far a job may grow past what it has measured (faithful: Pollux's rule)."""
+        return FAITHFUL if self.jct is None else self.jct.exploration
 
     def allocate(
         self, state: ClusterState, memory: object | None, rng: np.random.Generator

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pollux.policy.allocation import canonical, gpus, place_on_freest, validate_state
-from pollux.policy.exploration import FAITHFUL_GROWTH
+from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -117,9 +117,9 @@ class TiresiasPolicy:
         return "tiresias"
 
     @property
-    def explore_growth(self) -> int:
+    def exploration(self) -> Exploration:
         """Pollux's rule (this policy's jobs do not explore: their sizes are fixed)."""
-        return FAITHFUL_GROWTH
+        return FAITHFUL
 
     def allocate(
         self, state: ClusterState, memory: object | None, rng: np.random.Generator

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pollux.goodput import GoodputModel
+from pollux.policy.exploration import Exploration
 
 Allocation = tuple[str, ...]
 """Node name of each replica, replicas of one node adjacent; () means no GPUs."""
@@ -227,8 +228,8 @@ class Policy(Protocol):
         ...
 
     @property
-    def explore_growth(self) -> int:
-        """How many times its largest measured size a job may be given in one round.
+    def exploration(self) -> Exploration:
+        """How far a job may grow past what it has measured, and start when it has not.
 
         It bounds adaptive jobs' `JobInfo.max_replicas` (`pollux.policy.exploration`).
         """

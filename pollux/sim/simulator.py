@@ -38,7 +38,7 @@ from pollux.goodput import (
     best_batch,
     fit_perf_params,
 )
-from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
+from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import resize_history
 from pollux.policy.placement import placement_state
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
@@ -95,7 +95,7 @@ class SimConfig:
             its application had measured when it was submitted (a cluster that remembers how
             each model runs on its hardware, as the live scheduler's profile seeding does;
             `SimJob.adopt`). False (published): each job profiles itself from nothing,
-            growing at most to the policy's `explore_growth` times its largest observed size.
+            growing as far as the policy's `exploration` lets it past its largest observed size.
         event_delay: Seconds after a job's submission or completion at which an extra round
             runs: the live scheduler's event-triggered rounds (`scheduling.debounce_s`, 1 s
             there). None (published): rounds only every `interval`, so a submission waits
@@ -166,7 +166,7 @@ class SimJob:
     allocation: tuple[int, ...] = ()
     atomic_bsz: int = 0
     accum_steps: int = 0
-    explore_growth: int = FAITHFUL_GROWTH
+    exploration: Exploration = FAITHFUL
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
     perf: PerfParams | None = None
     grad: tuple[float, float] | None = None
@@ -188,12 +188,10 @@ class SimJob:
         app: Application,
         mode: JobMode,
         sync_model: SyncModel,
-        explore_growth: int = FAITHFUL_GROWTH,
+        exploration: Exploration = FAITHFUL,
     ) -> SimJob:
         """A job as submitted, sized for `mode`, exploring as the policy lets it."""
-        job = cls(
-            spec=spec, app=app, mode=mode, sync_model=sync_model, explore_growth=explore_growth
-        )
+        job = cls(spec=spec, app=app, mode=mode, sync_model=sync_model, exploration=exploration)
         if mode is JobMode.ADAPTIVE:
             if app.name == "ncf":
                 job.target_batch = NCF_BATCH
@@ -237,7 +235,7 @@ class SimJob:
         if self.mode is JobMode.FIXED_BATCH:
             return max(1, by_batch)
         profiled = max((k for _, k, _ in self.profile), default=0)
-        explore = exploration_limit(profiled, 0, self.explore_growth)
+        explore = self.exploration.limit(profiled, 0)
         return max(1, min(explore, cap, by_batch))
 
     def goodput_model(self) -> GoodputModel | None:
@@ -535,7 +533,7 @@ def simulate(
     if mode is None:
         raise ValueError(f"unknown policy {policy.name!r}; expected one of {sorted(MODES)}")
     jobs = [
-        SimJob.create(spec, apps[spec.application], mode, config.sync_model, policy.explore_growth)
+        SimJob.create(spec, apps[spec.application], mode, config.sync_model, policy.exploration)
         for spec in workload
     ]
     node_names = [f"n{i}" for i in range(config.nodes)]

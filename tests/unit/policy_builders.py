@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pollux.goodput import GoodputModel, GradParams, PerfParams
 from pollux.policy import ClusterState, JobInfo, NodeInfo
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 
 NOW = 3600.0
@@ -90,7 +91,7 @@ class Fixed:
     """A policy that answers the allocations it was built with ("holds N" as each reason)."""
 
     name = "fixed"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
         self.allocations = allocations

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pollux.goodput import SyncModel
-from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
+from pollux.policy.exploration import FAITHFUL, FAITHFUL_GROWTH, Exploration, exploration_limit
 from pollux.policy.forecast import forecast
 from pollux.policy.optimus import OptimusPolicy
 from pollux.policy.pollux import JctParams, PolluxPolicy
@@ -37,6 +37,23 @@ def test_a_job_may_reach_growth_times_what_it_measured_and_keeps_what_it_holds()
     assert exploration_limit(1, 8) == 8, "what a job holds is never taken by this rule"
     assert exploration_limit(1, 0, growth=4) == 4
     assert exploration_limit(4, 0, growth=4) == 16
+    assert exploration_limit(0, 0, growth=4, start=4) == 4, "the jct mode's first step"
+    assert exploration_limit(1, 0, growth=4, start=4) == 4, "one GPU measured: the same reach"
+    assert exploration_limit(0, 6, growth=4, start=4) == 6
+
+
+@given(st.integers(2, 64), st.data())
+def test_a_first_step_never_reaches_past_a_measured_jobs(growth: int, data: st.DataObject) -> None:
+    rule = Exploration(growth, data.draw(st.integers(1, growth)))
+    profiled = data.draw(st.integers(1, 4096))
+    assert rule.limit(0, 0) <= rule.limit(profiled, 0) == growth * profiled
+    assert rule.limit(0, 0) == rule.start
+
+
+@pytest.mark.parametrize(("growth", "start"), [(1, 1), (2, 0), (2, 3), (4, 5)])
+def test_an_exploration_rule_out_of_range_is_refused(growth: int, start: int) -> None:
+    with pytest.raises(ValueError, match="exploration"):
+        Exploration(growth, start)
 
 
 @given(st.integers(0, 4096), st.integers(0, 4096), st.integers(2, 64))
@@ -49,10 +66,11 @@ def test_the_limit_grows_with_the_step_and_covers_one_gpu_and_the_held(
 
 
 def test_faithful_pollux_and_the_other_policies_double_and_the_jct_mode_quadruples() -> None:
-    assert PolluxPolicy().explore_growth == FAITHFUL_GROWTH
-    assert PolluxPolicy(jct=JctParams()).explore_growth == 4
-    assert PolluxPolicy(jct=JctParams(explore_growth=2)).explore_growth == 2
-    assert OptimusPolicy().explore_growth == TiresiasPolicy().explore_growth == 2
+    assert PolluxPolicy().exploration == FAITHFUL == Exploration(FAITHFUL_GROWTH, start=1)
+    assert PolluxPolicy(jct=JctParams()).exploration == Exploration(4, start=4)
+    assert PolluxPolicy(jct=JctParams(explore_first=False)).exploration == Exploration(4, 1)
+    assert PolluxPolicy(jct=JctParams(explore_growth=2)).exploration == Exploration(2, 2)
+    assert OptimusPolicy().exploration == TiresiasPolicy().exploration == FAITHFUL
     for bad in (1, 0, 65):
         with pytest.raises(PolicyInputError, match=r"jct\.explore_growth"):
             JctParams(explore_growth=bad)
@@ -63,8 +81,12 @@ APPS = load_published_applications(default_data_root() / "traces")
 
 def test_the_simulator_lets_a_job_explore_by_the_policys_step() -> None:
     spec = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
-    for growth, limits in ((2, (1, 2, 8)), (4, (1, 4, 16))):
-        sim = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR, growth)
+    for rule, limits in (
+        (FAITHFUL, (1, 2, 8)),
+        (Exploration(4), (1, 4, 16)),
+        (Exploration(4, 4), (4, 4, 16)),
+    ):
+        sim = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR, rule)
         seen = [sim.max_replicas(64)]
         sim.profile[(1, 1, 128)] = (0.1, 0.01)
         seen.append(sim.max_replicas(64))
@@ -95,8 +117,13 @@ def test_the_scheduler_hands_the_policy_the_same_limit() -> None:
     snapshot = snapshot_with(profiled=2, held=2)
     active = [snapshot.jobs["a"].value]
     faithful = cluster_state(snapshot, active, now=60.0)
-    jct = cluster_state(snapshot, active, now=60.0, explore_growth=4)
+    jct = cluster_state(snapshot, active, now=60.0, exploration=Exploration(4, 4))
     assert (faithful.jobs[0].max_replicas, jct.jobs[0].max_replicas) == (4, 8)
+    new = snapshot_with(profiled=0, held=0)
+    fresh = [new.jobs["a"].value]
+    assert cluster_state(new, fresh, now=60.0).jobs[0].max_replicas == 1, "Pollux: one GPU"
+    first = cluster_state(new, fresh, now=60.0, exploration=Exploration(4, 4))
+    assert first.jobs[0].max_replicas == 4, "the jct mode's first step"
     held = snapshot_with(profiled=1, held=6)
     assert cluster_state(held, [held.jobs["a"].value], now=60.0).jobs[0].max_replicas == 6
 
@@ -106,8 +133,8 @@ class Greedy:
 
     name = "pollux"
 
-    def __init__(self, explore_growth: int) -> None:
-        self.explore_growth = explore_growth
+    def __init__(self, exploration: Exploration) -> None:
+        self.exploration = exploration
         self.limits: list[int] = []
 
     def allocate(
@@ -123,7 +150,7 @@ class Greedy:
 def test_a_forecast_explores_by_the_policys_step() -> None:
     new = replace(job("new", on=("n0",), max_replicas=1), remaining_work=1e9)
     for growth, want in ((2, [1, 2, 4, 8, 16]), (4, [1, 4, 16, 64, 64])):
-        policy = Greedy(growth)
+        policy = Greedy(Exploration(growth))
         forecast(
             state([new], nodes(1, gpus=64)), policy, round_s=60.0, restart_delay_s=0.0,
             max_rounds=5,

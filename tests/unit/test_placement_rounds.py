@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import RoundPlan, plan_round
 from pollux.service.store import Entry, Snapshot
@@ -16,7 +17,7 @@ class FirstFit:
     """Gives every job it sees one GPU on the first node with room; keeps what it saw."""
 
     name = "pollux"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.states: list[ClusterState] = []

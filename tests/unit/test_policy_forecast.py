@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.forecast import _resized, forecast, progress_rate
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
@@ -91,7 +92,7 @@ class _Recorder:
     """Wraps a policy and records the states it was asked about (what the forecast feeds it)."""
 
     name = "recorder"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.seen: list[ClusterState] = []

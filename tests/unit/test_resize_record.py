@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import plan_round
 from pollux.service.store import Entry, Snapshot
@@ -14,7 +15,7 @@ class Sizes:
     """A policy that gives job "a" the next size of a script and remembers what it saw."""
 
     name = "sizes"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.size = 0

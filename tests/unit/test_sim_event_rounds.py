@@ -124,7 +124,7 @@ class Recording:
     def __init__(self, inner):
         self.inner = inner
         self.name = inner.name
-        self.explore_growth = inner.explore_growth
+        self.exploration = inner.exploration
         self.states = []
 
     def allocate(self, state, memory, rng):

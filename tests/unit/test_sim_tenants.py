@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.types import AllocationDecision, ClusterState, TenantSpec
 from pollux.sim.application import load_published_applications
@@ -33,7 +34,7 @@ class Spy:
     """The Pollux policy, keeping every state it was asked about."""
 
     name = "pollux"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.policy = PolluxPolicy()

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import MAX_DECISION_BYTES, plan_round
 from pollux.scheduler.lifecycle import MAX_REASON_CHARS, MAX_RECENT_HISTORY, S, transition
@@ -69,7 +70,7 @@ class GiveFirstJobs:
     """A policy that gives one GPU each to the first `holders` jobs, with a very long reason."""
 
     name = "test"
-    explore_growth = 2
+    exploration = FAITHFUL
 
     def __init__(self, holders: int) -> None:
         self.holders = holders

@@ -37,7 +37,7 @@ from pollux.goodput import (
     iteration_time,
 )
 from pollux.goodput import errors as goodput_errors
-from pollux.policy.exploration import FAITHFUL_GROWTH, exploration_limit
+from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import resize_history
 from pollux.policy.placement import placement_state
 from pollux.policy.types import (
@@ -180,7 +180,7 @@ def plan_round(
             policy.name,
             known or {},
             plan,
-            policy.explore_growth,
+            policy.exploration,
         ),
     )
     total = sum(n.gpus for n in state.nodes)
@@ -488,13 +488,13 @@ def cluster_state(
     now: float,
     info: Callable[[pb.Job, int], JobInfo] | None = None,
     policy: str = "pollux",
-    explore_growth: int = FAITHFUL_GROWTH,
+    exploration: Exploration = FAITHFUL,
 ) -> ClusterState:
     """The policy's view of `active` jobs (in submission order) on the snapshot's nodes.
 
     `info(job, total_gpus)` builds each JobInfo (a round reuses last round's); by default
     they are built afresh from the snapshot's models, as `Explain` does, for `policy` with
-    its `explore_growth`.
+    its `exploration`.
     """
     nodes = tuple(
         NodeInfo(name=n.name, gpus=int(n.gpus))
@@ -504,7 +504,7 @@ def cluster_state(
     if info is None:
 
         def info(job: pb.Job, total: int) -> JobInfo:
-            return _job_info(job, snapshot.models.get(job.id), total, now, policy, explore_growth)
+            return _job_info(job, snapshot.models.get(job.id), total, now, policy, exploration)
 
     return ClusterState(
         now=now,
@@ -556,7 +556,7 @@ def _known_info(
     policy: str,
     known: Mapping[str, KnownJob],
     plan: RoundPlan,
-    explore_growth: int,
+    exploration: Exploration,
 ) -> JobInfo:
     """A job's JobInfo, reused from the last round when its inputs are the same objects."""
     last = known.get(job.id)
@@ -571,7 +571,7 @@ def _known_info(
         if info.attained_service != held:
             info = dataclasses.replace(info, attained_service=held)
     else:
-        info = _job_info(job, model, total_gpus, now, policy, explore_growth)
+        info = _job_info(job, model, total_gpus, now, policy, exploration)
     plan.known[job.id] = KnownJob(job, model, total_gpus, info)
     return info
 
@@ -582,7 +582,7 @@ def _job_info(
     total_gpus: int,
     now: float,
     policy: str,
-    explore_growth: int,
+    exploration: Exploration,
 ) -> JobInfo:
     spec = job.spec
     cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
@@ -593,7 +593,7 @@ def _job_info(
         // max(1, int(limits.min_local_batch_size or 1)),
     )
     profiled = int(model.max_profiled_replicas) if model is not None else 0
-    explore = exploration_limit(profiled, len(job.allocation.nodes), explore_growth)
+    explore = exploration.limit(profiled, len(job.allocation.nodes))
     max_replicas = max(1, min(cap, by_batch, explore))
     gm = goodput_model(job, model)
     remaining, pause = declared_work(model)

@@ -89,7 +89,7 @@ class Forecaster:
             active,
             now=now,
             policy=self.policy.name,
-            explore_growth=self.policy.explore_growth,
+            exploration=self.policy.exploration,
         )
         caps = {job.id: int(job.spec.max_replicas) for job in active if job.spec.max_replicas}
         result = await asyncio.to_thread(

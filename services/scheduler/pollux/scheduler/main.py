@@ -144,7 +144,7 @@ class SchedulerApp(ServiceApp):
             else None,
             forecaster=self.forecaster,
             seed_profiles=scheduling.seed_profiles,
-            explore_growth=self.scheduler.policy.explore_growth,
+            exploration=self.scheduler.policy.exploration,
         )
         self.dashboard = (
             Dashboard(

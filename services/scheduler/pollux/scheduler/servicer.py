@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
-from pollux.policy.exploration import FAITHFUL_GROWTH
+from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.problem import PolluxParams
 from pollux.policy.types import Policy
@@ -92,7 +92,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         params: The Pollux objective's parameters (Explain's counterfactuals); None: defaults.
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
         seed_profiles: Whether submissions are seeded from earlier runs.
-        explore_growth: The policy's exploration step (`pollux.policy.exploration`).
+        exploration: The policy's exploration rule (`pollux.policy.exploration`).
     """
 
     def __init__(
@@ -108,11 +108,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         params: PolluxParams | None = None,
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
-        explore_growth: int = FAITHFUL_GROWTH,
+        exploration: Exploration = FAITHFUL,
     ) -> None:
         self.store = store
-        self.explore_growth = explore_growth
-        """The policy's exploration step, for the states Explain and EstimateJob build."""
+        self.exploration = exploration
+        """The policy's exploration rule, for the states Explain and EstimateJob build."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
@@ -513,7 +513,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         now = self.clock()
         state = await asyncio.to_thread(
-            cluster_state, snapshot, _active(snapshot), now=now, explore_growth=self.explore_growth
+            cluster_state, snapshot, _active(snapshot), now=now, exploration=self.exploration
         )
         if not state.nodes:
             raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
@@ -588,7 +588,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         active = _active(snapshot)
         state = await asyncio.to_thread(
-            cluster_state, snapshot, active, now=self.clock(), explore_growth=self.explore_growth
+            cluster_state, snapshot, active, now=self.clock(), exploration=self.exploration
         )
         try:
             found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
