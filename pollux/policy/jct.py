@@ -46,7 +46,7 @@ so a job about to finish is not moved, and each job's own δ. The "expected" rul
 at the mean lifetime: lifetimes are skewed and the factor is concave in L, so it prices moves
 higher (fewer restarts), and applied to every job it slows the growth of a job learning its
 scaling. The mode's rule, "ramp", applies it only once a job has shrunk or undone a move
-(`ramping`): while a job has only grown, 1 → 4 → 16 GPUs as it measures its scaling
+(`ramping`): while a job has only grown, 4 → 16 → 64 GPUs as it measures its scaling
 (`pollux.policy.exploration`), its next move is another growth, not the return of these GPUs,
 so the gain of a move outlasts the allocation it makes and the holding time is the fairer
 horizon. A job whose GPUs come and go with arrivals and departures is priced by the

@@ -391,6 +391,35 @@ async def test_an_event_round_places_a_new_job_at_once(
         await r.stop()
 
 
+@pytest.mark.parametrize(("mode", "gpus"), [("faithful", 1), ("jct", 4)])
+async def test_a_new_job_starts_on_its_modes_first_step(
+    etcd: EtcdServer, root: str, store: Store, mode: str, gpus: int
+) -> None:
+    # Pollux starts a job that has measured nothing on one GPU; the jct mode on up to its
+    # exploration step (4), since a first allocation pays its start-up pause at any size.
+    cfg = config(etcd, root, f"s-start-{mode}", mode=mode)
+    r = Replica(store, replace(cfg, scheduling=replace(cfg.scheduling, interval_s=30.0)))
+    await r.start()
+    try:
+        await eventually(lambda: r.scheduler.last_round >= 1)  # the term's full round
+        await add_node(store, "n1", 8)
+        request = spb.SubmitJobRequest(spec=spec(), request_id=f"start-{mode}")
+        job_id = (await r.stub.SubmitJob(request)).job.id
+
+        async def placed() -> bool:
+            got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
+            return len(got.allocation.nodes) >= 1
+
+        await eventually(placed, timeout=10.0)
+        got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
+        assert list(got.allocation.nodes) == ["n1"] * gpus
+        assert got.restarts == 0
+        decisions = sorted(await store.latest_decisions(100), key=lambda d: d.round)
+        assert decisions[-1].placement, "placed by the submission's placement round"
+    finally:
+        await r.stop()
+
+
 async def test_with_tenants_an_event_round_is_a_full_one_and_restarts_the_periodic_clock(
     etcd: EtcdServer, root: str, store: Store
 ) -> None:
