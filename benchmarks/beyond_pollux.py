@@ -108,7 +108,7 @@ VARIANTS: dict[str, Variant] = {
     # A new job starts on one GPU, as in Pollux, and pays a restart to grow (the mode before
     # `JctParams.explore_first`).
     "jct-start-1": Variant(JctParams(explore_first=False)),
-    "jct-place-start-1": Variant(JctParams(explore_first=False), event_rounds="place"),
+    "jct-start-1-place": Variant(JctParams(explore_first=False), event_rounds="place"),
 }
 
 

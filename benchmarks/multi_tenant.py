@@ -3,7 +3,8 @@
 Jobs of the eight published 160-job workloads (16 × 4 GPUs) go to 2-4 tenants by a hash of
 their names (`pollux.sim.workload.assign_tenants`). Each configuration runs the Pollux policy
 with the tenants' guarantees, weights and caps; the baseline is single-tenant Pollux on the
-same workloads (the published setup, run once: tenant labels do not reach its policy).
+same workloads (the published setup, run once: tenant labels do not reach its policy). Both run
+in the policy mode `--mode` names: faithful Pollux (default) or the jct mode.
 
 Definitions (`pollux.policy.tenants` says why):
 
@@ -38,7 +39,7 @@ The JCT target applies to configurations without caps only: a cap binds even on 
 idle cluster (the capped tenant's jobs queue behind its cap while GPUs stand idle), which no
 sharing method can undo; the report says which configurations it applies to.
 
-    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--processes 2]
+    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--mode jct] [--processes 2]
         [--shares budgets|weights|deficits|isolation] [--assign hash|round_robin]
 
 --quick runs three configurations on two workloads (about 2 minutes on 2 cores). --assign
@@ -62,8 +63,7 @@ from typing import Literal
 import numpy as np
 
 from pollux.policy import greedy
-from pollux.policy.exploration import FAITHFUL
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
 from pollux.policy.problem import Problem, TenantShares
 from pollux.policy.tenants import FLOOR, Tenants, entitlements, isolation
 from pollux.policy.types import AllocationDecision, ClusterState, TenantSpec
@@ -108,12 +108,15 @@ class Recorder:
     """
 
     name = "pollux"
-    exploration = FAITHFUL  # the faithful policy's
 
     def __init__(
-        self, shares: TenantShares = TenantShares.BUDGETS, observed: Labels | None = None
+        self,
+        shares: TenantShares = TenantShares.BUDGETS,
+        observed: Labels | None = None,
+        jct: JctParams | None = None,
     ) -> None:
-        self.policy = PolluxPolicy(PolluxParams(tenant_shares=shares))
+        self.policy = PolluxPolicy(PolluxParams(tenant_shares=shares), jct=jct)
+        self.exploration = self.policy.exploration  # how far the simulator lets jobs explore
         self.rounds: list[Round] = []
         self.observed = observed or {}
 
@@ -157,13 +160,14 @@ Assign = Literal["hash", "round_robin"]
 
 
 def simulate_one(
-    task: tuple[str, Path, TenantShares, Assign, tuple[str, ...]],
+    task: tuple[str, Path, TenantShares, Assign, tuple[str, ...], str],
 ) -> tuple[str, str, dict[str, float], list[Round]]:
     """Run one workload under one configuration ("" = single-tenant baseline).
 
-    The baseline records the isolated goodputs of every configuration of `observe`.
+    The baseline records the isolated goodputs of every configuration of `observe`. The last
+    field is the policy mode, "faithful" or "jct" (`JctParams()`), the baseline's too.
     """
-    config_name, path, mode, how, observe = task
+    config_name, path, mode, how, observe, policy_mode = task
     specs = CONFIGS.get(config_name, ())
     config = replace(spec_for("pollux", "faithful").config, tenants=specs)
     workload = load_workload(path)
@@ -174,7 +178,7 @@ def simulate_one(
         labelled = _labelled(path, CONFIGS[name], how)
         observed[name] = (CONFIGS[name], {job.name: job.tenant for job in labelled})
     apps = load_published_applications(default_data_root() / "traces")
-    recorder = Recorder(mode, observed)
+    recorder = Recorder(mode, observed, JctParams() if policy_mode == "jct" else None)
     result = simulate(workload, apps, recorder, config)
     return config_name, path.stem, result.jcts, recorder.rounds
 
@@ -322,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how the policy gives tenants their shares (PolluxParams.tenant_shares)",
     )
     parser.add_argument(
+        "--mode",
+        choices=["faithful", "jct"],
+        default="faithful",
+        help="the Pollux policy's mode, for the tenants and the single-tenant baseline alike",
+    )
+    parser.add_argument(
         "--assign",
         choices=["hash", "round_robin"],
         default="hash",
@@ -342,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = TenantShares(args.shares)
     how: Assign = args.assign
     observe = tuple(names)
-    tasks = [(name, path, mode, how, observe) for name in ["", *names] for path in workloads]
+    tasks = [
+        (name, path, mode, how, observe, args.mode) for name in ["", *names] for path in workloads
+    ]
     started = time.perf_counter()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
@@ -370,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = spec_for("pollux", "faithful").config
     gpus = cluster.nodes * cluster.gpus_per_node
     print(
-        f"load {args.load}x, tenant shares by {mode.value}, jobs to tenants by {how}, "
+        f"load {args.load}x, {args.mode} mode, tenant shares by {mode.value}, "
+        f"jobs to tenants by {how}, "
         f"workloads: {', '.join(p.stem for p in workloads)}"
     )
     verdicts = [report(n, CONFIGS[n], results, workloads, gpus, how) for n in names]

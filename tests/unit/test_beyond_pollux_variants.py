@@ -1,5 +1,7 @@
 """The Pareto benchmark's variants (benchmarks/beyond_pollux.py): each simulates what it names."""
 
+from dataclasses import replace
+
 from benchmarks.beyond_pollux import EVENT_DELAY, VARIANTS, build_tasks, make_config, parse_args
 
 
@@ -21,3 +23,13 @@ def test_the_faithful_variants_run_faithful_pollux_and_the_jct_ones_the_mode():
     assert VARIANTS["jct-events"].jct == VARIANTS["jct"].jct
     assert VARIANTS["faithful-place"].jct is None
     assert VARIANTS["jct-place"].jct == VARIANTS["jct"].jct
+
+
+def test_the_start_1_variants_start_new_jobs_on_one_gpu_as_pollux_does():
+    mode = VARIANTS["jct"].jct
+    assert mode is not None
+    assert mode.exploration.start == mode.explore_growth == 4
+    for name in ("jct-start-1", "jct-start-1-place"):
+        jct = VARIANTS[name].jct
+        assert jct is not None
+        assert jct.exploration == replace(mode.exploration, start=1)
