@@ -32,7 +32,7 @@ one on 1 GPU identifies only the first. So the jct mode lets a job that has meas
 start on up to `growth` GPUs, the step a job measured on one GPU may take anyway. What it risks
 is the same extrapolation every step risks: a job that does not scale is shrunk once it has
 measured that, for the restart its growth would have cost. On the published workloads this
-takes about half a restart off every job (the 1 → 4 growth, 0.77 a job at 1.0× load) and
+takes 0.4–0.6 restarts per job off (the 1 → 4 growth was 0.77 a job at 1.0× load) and
 lowers mean JCT at half load, where the GPUs a new job starts on would be idle (README).
 """
 
