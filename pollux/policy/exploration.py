@@ -28,8 +28,10 @@ restart buys nothing the start could not: a job's first allocation pays its star
 whatever its size (it is not a move, and nothing is undone), the policy values a job without
 a model as scaling linearly (reference §3) whether it is bounded at 1 or at 4, and a first
 measurement on 4 GPUs of one node identifies the compute time and the node's sync time, where
-one on 1 GPU identifies only the first. So the jct mode lets a job that has measured nothing
-start on up to `growth` GPUs, the step a job measured on one GPU may take anyway. What it risks
+one on 1 GPU identifies only the first (Pollux's placement puts a job on as few nodes as it
+can, so on 4-GPU nodes with one free it is one node; nothing forces it). So the jct mode lets
+a job that has measured nothing start on up to `growth` GPUs, the step a job measured on one
+GPU may take anyway. What it risks
 is the same extrapolation every step risks: a job that does not scale is shrunk once it has
 measured that, for the restart its growth would have cost. On the published workloads this
 takes 0.4–0.6 restarts per job off (the 1 → 4 growth was 0.77 a job at 1.0× load) and

@@ -65,6 +65,44 @@ def test_before_a_fit_the_initial_batch_is_split(limits, replicas, want):
     assert config.predicted_speedup == 0.0
 
 
+def test_fewer_micro_batches_when_rounding_down_would_break_the_minimum_local_batch():
+    # ceil(100 / 4) = 25 a replica needs 2 micro-batches of ≤ 20, and 100 // 8 = 12 < 15 fits
+    # no local batch; one micro-batch of 20 on each replica (80 in all) is within the limits.
+    limits = pb.BatchLimits(
+        initial_batch_size=100, max_batch_size=100, min_local_batch_size=15, max_local_batch_size=20
+    )
+    config = choose(limits, None, 1, 4, last=None, hysteresis=0.05)
+    assert (config.local_batch_size, config.accum_steps, config.total_batch_size) == (20, 1, 80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    m0=st.integers(1, 4096),
+    extra=st.integers(0, 8192),
+    low=st.integers(1, 256),
+    span=st.integers(0, 512),
+    data=st.data(),
+)
+def test_every_replica_count_the_scheduler_may_give_a_new_job_has_a_split(
+    m0: int, extra: int, low: int, span: int, data: st.DataObject
+) -> None:
+    top = m0 + extra
+    low = min(low, top)
+    limits = pb.BatchLimits(
+        initial_batch_size=m0,
+        max_batch_size=top,
+        min_local_batch_size=low,
+        max_local_batch_size=min(low + span, top),
+    )
+    # cycle._job_info: a job may get at most max_batch // min_local replicas.
+    replicas = data.draw(st.integers(1, max(1, top // low)))
+    config = choose(limits, None, 1, replicas, last=None, hysteresis=0.05)
+    assert low <= config.local_batch_size <= limits.max_local_batch_size
+    assert config.accum_steps >= 1
+    assert config.total_batch_size == config.local_batch_size * config.accum_steps * replicas
+    assert config.total_batch_size <= top
+
+
 def test_a_model_without_throughput_parameters_still_uses_the_initial_split():
     model = pb.JobModel(job_id="j-1", grad_sqr=1, grad_var=1, batch=LIMITS)
     assert choose(LIMITS, model, 2, 4, last=None, hysteresis=0.05) == batch(32, 1, 4)

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from pollux.agent.profile import perf_to_pb
 from pollux.goodput import best_batch
-from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.pollux import JctParams, PolluxPolicy
 from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import declared_work, goodput_model, seconds_left
-from pollux.scheduler.estimate import estimate, reference_work
+from pollux.scheduler.estimate import NEW_JOB, estimate, reference_work
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
@@ -192,3 +193,41 @@ def test_an_estimate_forecasts_the_new_job_beside_the_running_ones() -> None:
     assert shared.rounds < 200  # the forecast stops once the new job is done
     with pytest.raises(ValueError, match="declared size"):
         estimate(quiet, PolluxPolicy(), new, pb.JobModel(), round_s=60.0, restart_delay_s=30.0)
+
+
+class FirstLimits:
+    """A Pollux policy that records the new job's replica limit in each forecast round."""
+
+    name = "pollux"
+
+    def __init__(self, inner: PolluxPolicy) -> None:
+        self.inner = inner
+        self.exploration = inner.exploration
+        self.limits: list[int] = []
+
+    def allocate(
+        self, state: ClusterState, memory: object | None, rng: np.random.Generator
+    ) -> AllocationDecision:
+        self.limits += [j.max_replicas for j in state.jobs if j.name == NEW_JOB]
+        return self.inner.allocate(state, memory, rng)
+
+
+@pytest.mark.parametrize(
+    ("jct", "first", "spec_cap", "want"),
+    [(None, 1, 0, 1), (JctParams(), 4, 0, 4), (JctParams(), 4, 2, 2)],
+    ids=["faithful starts on one GPU", "jct starts on its step", "the spec's cap binds"],
+)
+def test_an_estimate_starts_the_new_job_as_the_policy_starts_one(
+    jct: JctParams | None, first: int, spec_cap: int, want: int
+) -> None:
+    perf = perf_to_pb(policy_model().perf)
+    reference = pb.JobModel(throughput=perf, work=pb.WorkStatus(progress=9e3, remaining=1e3))
+    new = pb.JobSpec(
+        name="again", max_replicas=spec_cap, batch=pb.BatchLimits(initial_batch_size=128)
+    )
+    new.batch.max_batch_size = 4096
+    policy = FirstLimits(PolluxPolicy(jct=jct))
+    assert policy.exploration.start == first
+    got = estimate(state([], nodes(2)), policy, new, reference, round_s=60.0, restart_delay_s=30.0)
+    assert got is not None
+    assert policy.limits[0] == want

@@ -27,20 +27,25 @@ def initial_split(limits: Limits, num_replicas: int) -> tuple[int, int]:
 
     Each replica takes ceil(M0 / K) samples per optimizer step, in as few micro-batches as fit
     the local-batch maximum, rounded down rather than ever exceeding the maximum total batch.
+    Where that rounding would take the local batch below its minimum, fewer micro-batches of
+    the largest local batch that fits are used instead (a total below M0, the nearest one
+    within the limits): so every K up to max_batch // min_local, the replicas the scheduler
+    may give a job (`cycle`), has a split.
 
     Raises:
         BatchConfigError: Even the smallest local batch on every replica exceeds the maximum.
     """
     per_replica = math.ceil(limits.initial / num_replicas)
-    accum = max(1, math.ceil(per_replica / limits.max_local))
-    local = max(math.ceil(per_replica / accum), limits.min_local)
-    local = min(local, limits.max_local, limits.max_batch // (num_replicas * accum))
-    if local < limits.min_local:
-        raise BatchConfigError(
-            f"{num_replicas} replicas × local batch ≥ {limits.min_local} exceed the maximum "
-            f"batch size {limits.max_batch}; allocate fewer replicas"
-        )
-    return local, accum
+    fewest = max(1, math.ceil(per_replica / limits.max_local))
+    for accum in range(fewest, 0, -1):
+        local = max(math.ceil(per_replica / accum), limits.min_local)
+        local = min(local, limits.max_local, limits.max_batch // (num_replicas * accum))
+        if local >= limits.min_local:
+            return local, accum
+    raise BatchConfigError(
+        f"{num_replicas} replicas × local batch ≥ {limits.min_local} exceed the maximum "
+        f"batch size {limits.max_batch}; allocate fewer replicas"
+    )
 
 
 def choose(

@@ -57,10 +57,11 @@ class SchedulingConfig:
     seed_profiles: bool = False
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was
-    measured instead of growing from one GPU. Off by default, in both modes: on the simulator
-    it raises the jct mode's mean JCT at every load now that a first run grows 4-fold a
-    round (a seeded job starts large and holds GPUs others would use; README "Seeded
-    re-runs"), and the faithful mode stays the published system."""
+    measured instead of growing from its first allocation (one GPU; in the jct mode up to
+    4). Off by default, in both modes: on the simulator it raised the jct mode's mean JCT at
+    every load once a first run grew 4-fold a round (a seeded job starts large and holds GPUs
+    others would use; README "Seeded re-runs"), and the faithful mode stays the published
+    system."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""

@@ -576,6 +576,22 @@ def _known_info(
     return info
 
 
+def batch_replicas(limits: pb.BatchLimits) -> int:
+    """Most replicas the batch limits admit: max batch ÷ min local batch (at least 1)."""
+    top = int(limits.max_batch_size or limits.initial_batch_size)
+    return max(1, top // max(1, int(limits.min_local_batch_size or 1)))
+
+
+def replica_limit(spec: pb.JobSpec, total_gpus: int, explore: int) -> int:
+    """A Pollux job's `JobInfo.max_replicas`, as rounds, Explain and EstimateJob give it.
+
+    Its exploration limit `explore` (the policy's `Exploration.limit`) within its spec's
+    max_replicas, the cluster and its batch limits (`batch_replicas`).
+    """
+    cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
+    return max(1, min(cap, batch_replicas(spec.batch), explore))
+
+
 def _job_info(
     job: pb.Job,
     model: pb.JobModel | None,
@@ -587,14 +603,11 @@ def _job_info(
     spec = job.spec
     cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
     limits = spec.batch
-    by_batch = max(
-        1,
-        int(limits.max_batch_size or limits.initial_batch_size)
-        // max(1, int(limits.min_local_batch_size or 1)),
-    )
+    by_batch = batch_replicas(limits)
     profiled = int(model.max_profiled_replicas) if model is not None else 0
-    explore = exploration.limit(profiled, len(job.allocation.nodes))
-    max_replicas = max(1, min(cap, by_batch, explore))
+    max_replicas = replica_limit(
+        spec, total_gpus, exploration.limit(profiled, len(job.allocation.nodes))
+    )
     gm = goodput_model(job, model)
     remaining, pause = declared_work(model)
     oracle = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from pollux.policy.forecast import forecast
 from pollux.policy.types import ClusterState, JobInfo, Policy
-from pollux.scheduler.cycle import goodput_model
+from pollux.scheduler.cycle import goodput_model, replica_limit
 from pollux.v1 import types_pb2 as pb
 
 NEW_JOB = "estimated-job"
@@ -65,7 +65,9 @@ def estimate(
     new = JobInfo(
         name=NEW_JOB,
         submission_time=state.now,
-        max_replicas=1,  # a new job explores from one GPU, as live
+        # A new job starts as the policy lets one that has measured nothing (live: the same
+        # `replica_limit`), and the forecast grows it as it measures.
+        max_replicas=replica_limit(spec, total, policy.exploration.limit(0, 0)),
         model=model,
         target_replicas=max(1, min(int(spec.max_replicas or 1), total or 1)),
         target_batch_size=int(spec.batch.initial_batch_size),

@@ -112,7 +112,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     ) -> None:
         self.store = store
         self.exploration = exploration
-        """The policy's exploration rule, for the states Explain and EstimateJob build."""
+        """The policy's exploration rule, for the states Explain builds (EstimateJob takes the
+        forecasting policy's)."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
@@ -512,17 +513,18 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         reference_id, model = found
         snapshot = await self._snapshot()
         now = self.clock()
-        state = await asyncio.to_thread(
-            cluster_state, snapshot, _active(snapshot), now=now, exploration=self.exploration
-        )
-        if not state.nodes:
-            raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
         forecaster = self.forecaster
         policy: Policy = (
             forecaster.policy
             if forecaster is not None
             else PolluxPolicy(self.params or PolluxParams())
         )
+        # The state's jobs explore as the forecasting policy lets them, the new one too.
+        state = await asyncio.to_thread(
+            cluster_state, snapshot, _active(snapshot), now=now, exploration=policy.exploration
+        )
+        if not state.nodes:
+            raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
         result = await asyncio.to_thread(
             estimate,
             state,
