@@ -129,7 +129,7 @@ class ExplainRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("job", "decision", "round", "model", "batch", "last_change", "alternatives", "holders", "batch_choice", "queue_position", "pending_jobs")
+    __slots__ = ("job", "decision", "round", "model", "batch", "last_change", "alternatives", "holders", "batch_choice", "queue_position", "pending_jobs", "objective")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class ExplainResponse(_message.Message):
     BATCH_CHOICE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     decision: _types_pb2.JobDecision
     round: _types_pb2.Decision
@@ -152,7 +153,8 @@ class ExplainResponse(_message.Message):
     batch_choice: ExplainBatch
     queue_position: int
     pending_jobs: int
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ...) -> None: ...
+    objective: str
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., objective: _Optional[str] = ...) -> None: ...
 
 class EstimateJobRequest(_message.Message):
     __slots__ = ("spec",)

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
+from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, JCT_OBJECTIVE
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
 from pollux.scheduler.scheduler import Scheduler
@@ -220,6 +221,7 @@ async def test_round_allocates_cancel_releases_delete_removes(
     assert explain.alternatives[0].speedup > 0
     assert explain.alternatives[0].goodput == 0
     assert list(explain.holders) == []  # no other job holds a GPU
+    assert explain.objective == FAITHFUL_OBJECTIVE
     assert (explain.queue_position, explain.pending_jobs) == (0, 0)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
@@ -351,6 +353,7 @@ async def test_the_jct_mode_schedules_live_with_declared_sizes(
         await eventually(both_allocated)
         explain = await r.stub.Explain(spb.ExplainRequest(job_id=ids[0]))
         assert explain.round.policy == "pollux"
+        assert explain.objective == JCT_OBJECTIVE  # not faithful Pollux's power mean
     finally:
         await r.stop()
 

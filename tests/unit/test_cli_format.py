@@ -348,6 +348,20 @@ def test_explanation_text_shows_the_counterfactuals_with_units():
     assert "SPEEDUP (× fair-share goodput)" in text
     assert "GOODPUT (samples/s)" in text
     assert "4 (now)" in text
+    assert text.rstrip().count("raises its objective") == 1
+
+
+def test_explain_names_the_objective_the_server_reports():
+    base = dataclasses.replace(
+        explanation(),
+        alternatives=(Alternative(4, 2, 1.5, 200.0), Alternative(5, 2, 1.8, 240.0)),
+        holders=(Holder("j-other", 2, 1.2, 0.8),),
+    )
+    said = fmt.explanation_text(dataclasses.replace(base, objective="the sum of log speedups"))
+    assert "the policy moves a GPU only where it raises its objective (the sum of log " in said
+    silent = fmt.explanation_text(base)  # an older server: no words for what it maximises
+    assert "raises its objective\n" in silent + "\n"
+    assert "p = -1" not in silent
 
 
 def test_a_pending_job_is_told_its_place_in_the_queue():

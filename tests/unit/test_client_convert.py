@@ -131,6 +131,7 @@ explanations = st.builds(
     batch_choice=st.none() | st.builds(BatchChoice, U32, U32, U32, FLOATS, FLOATS, FLOATS),
     queue_position=U32,
     pending_jobs=U32,
+    objective=TEXT,
 )
 clusters = st.builds(
     ClusterStatus,

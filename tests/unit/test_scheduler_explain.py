@@ -11,12 +11,19 @@ from hypothesis import strategies as st
 
 from pollux.agent.profile import perf_to_pb
 from pollux.goodput import best_batch
+from pollux.policy.optimus import OptimusPolicy
 from pollux.policy.pollux import JctParams, PolluxPolicy
 from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import declared_work, goodput_model, seconds_left
 from pollux.scheduler.estimate import NEW_JOB, estimate, reference_work
-from pollux.scheduler.explain import counterfactual
+from pollux.scheduler.explain import (
+    FAITHFUL_OBJECTIVE,
+    JCT_OBJECTIVE,
+    counterfactual,
+    objective_text,
+)
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
 from tests.unit.policy_builders import job, nodes, random_state, state
@@ -231,3 +238,11 @@ def test_an_estimate_starts_the_new_job_as_the_policy_starts_one(
     got = estimate(state([], nodes(2)), policy, new, reference, round_s=60.0, restart_delay_s=30.0)
     assert got is not None
     assert policy.limits[0] == want
+
+
+def test_explain_says_which_objective_the_policy_maximises() -> None:
+    assert objective_text(PolluxPolicy()) == FAITHFUL_OBJECTIVE
+    assert "p = -1" in FAITHFUL_OBJECTIVE
+    assert objective_text(PolluxPolicy(jct=JctParams())) == JCT_OBJECTIVE
+    assert "remaining-time rank" in JCT_OBJECTIVE
+    assert objective_text(OptimusPolicy()) == objective_text(TiresiasPolicy()) == ""

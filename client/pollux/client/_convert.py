@@ -422,6 +422,7 @@ def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:
         )
     out.queue_position = explanation.queue_position
     out.pending_jobs = explanation.pending_jobs
+    out.objective = explanation.objective
     return out
 
 
@@ -465,6 +466,7 @@ def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
         else None,
         queue_position=message.queue_position,
         pending_jobs=message.pending_jobs,
+        objective=message.objective,
     )
 
 

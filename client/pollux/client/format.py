@@ -391,13 +391,8 @@ def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
             )
         )
     if explanation.holders and held + 1 in speed:
-        pairs.append(
-            (
-                "",
-                "the policy moves a GPU only where it raises its objective (the power mean "
-                "of speedups, p = -1, which favours jobs with low speedups)",
-            )
-        )
+        objective = f" ({explanation.objective})" if explanation.objective else ""
+        pairs.append(("", f"the policy moves a GPU only where it raises its objective{objective}"))
     return pairs
 
 

@@ -369,6 +369,8 @@ class Explanation:
     """1-based place among pending jobs by submission time; 0 when not pending."""
     pending_jobs: int = 0
     """Pending jobs in the cluster."""
+    objective: str = ""
+    """What the scheduler's policy maximises, in words; "" if the server does not say."""
 
 
 @dataclass(frozen=True)

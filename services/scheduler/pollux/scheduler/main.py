@@ -22,6 +22,7 @@ from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.dashboard.server import Dashboard
+from pollux.scheduler.explain import objective_text
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
@@ -145,6 +146,7 @@ class SchedulerApp(ServiceApp):
             forecaster=self.forecaster,
             seed_profiles=scheduling.seed_profiles,
             exploration=self.scheduler.policy.exploration,
+            objective=objective_text(self.scheduler.policy),
         )
         self.dashboard = (
             Dashboard(

@@ -26,7 +26,7 @@ from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
 from pollux.scheduler.cycle import cluster_state, seconds_left
 from pollux.scheduler.estimate import estimate, reference_work
-from pollux.scheduler.explain import counterfactual
+from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, counterfactual
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
@@ -93,6 +93,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
         seed_profiles: Whether submissions are seeded from earlier runs.
         exploration: The policy's exploration rule (`pollux.policy.exploration`).
+        objective: What the policy maximises, in words, for Explain (`explain.objective_text`).
     """
 
     def __init__(
@@ -109,11 +110,14 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
         exploration: Exploration = FAITHFUL,
+        objective: str = FAITHFUL_OBJECTIVE,
     ) -> None:
         self.store = store
         self.exploration = exploration
         """The policy's exploration rule, for the states Explain builds (EstimateJob takes the
         forecasting policy's)."""
+        self.objective = objective
+        """What the policy maximises, in words (ExplainResponse.objective)."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
@@ -489,6 +493,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         change = last_change(job)
         if change is not None:
             response.last_change.CopyFrom(change)
+        response.objective = self.objective
         if job.state in ACTIVE:
             await self._counterfactual(job.id, response)
         return response
