@@ -601,9 +601,6 @@ def _job_info(
     exploration: Exploration,
 ) -> JobInfo:
     spec = job.spec
-    cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
-    limits = spec.batch
-    by_batch = batch_replicas(limits)
     profiled = int(model.max_profiled_replicas) if model is not None else 0
     max_replicas = replica_limit(
         spec, total_gpus, exploration.limit(profiled, len(job.allocation.nodes))
@@ -619,10 +616,13 @@ def _job_info(
         allocation=tuple(job.allocation.nodes),
         restarts=int(job.restarts),
         attained_service=_held_seconds(job, now),
-        max_replicas=max_replicas if policy == "pollux" else max(1, min(cap, by_batch)),
+        # Optimus and Tiresias jobs do not explore: the spec, cluster and batch limits only.
+        max_replicas=max_replicas
+        if policy == "pollux"
+        else replica_limit(spec, total_gpus, max(total_gpus, 1)),
         model=gm,
         target_replicas=max(1, min(int(spec.max_replicas or 1), total_gpus or 1)),
-        target_batch_size=int(limits.initial_batch_size),
+        target_batch_size=int(spec.batch.initial_batch_size),
         oracle=oracle,
         tenant=job.tenant,
         remaining_work=remaining,

@@ -18,11 +18,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from pollux.policy.pollux import PolluxPolicy
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.dashboard.server import Dashboard
-from pollux.scheduler.explain import objective_text
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.scheduler import Scheduler
 from pollux.scheduler.servicer import SchedulerServicer
@@ -140,13 +138,9 @@ class SchedulerApp(ServiceApp):
             lambda: self.scheduler.last_round,
             warnings=campaign.maintainer.warnings,
             mirror=self.scheduler.mirror,
-            params=policy.params
-            if isinstance(policy := self.scheduler.policy, PolluxPolicy)
-            else None,
+            policy=self.scheduler.policy,
             forecaster=self.forecaster,
             seed_profiles=scheduling.seed_profiles,
-            exploration=self.scheduler.policy.exploration,
-            objective=objective_text(self.scheduler.policy),
         )
         self.dashboard = (
             Dashboard(

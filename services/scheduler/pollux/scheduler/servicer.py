@@ -19,14 +19,12 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
-from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.pollux import PolluxPolicy
-from pollux.policy.problem import PolluxParams
 from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
 from pollux.scheduler.cycle import cluster_state, seconds_left
 from pollux.scheduler.estimate import estimate, reference_work
-from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, counterfactual
+from pollux.scheduler.explain import counterfactual, objective_text
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
@@ -89,11 +87,12 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         on_change: Called after a write a round should react to (the local scheduler's trigger).
         last_round: Returns the last round this replica ran or saw.
         clock: Wall-clock seconds.
-        params: The Pollux objective's parameters (Explain's counterfactuals); None: defaults.
+        policy: The replica's scheduling policy (None: faithful Pollux). Explain and
+            EstimateJob build their states with its exploration rule, Explain's counterfactuals
+            use its Pollux parameters and name its objective, and EstimateJob forecasts with it
+            when there is no forecaster.
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
         seed_profiles: Whether submissions are seeded from earlier runs.
-        exploration: The policy's exploration rule (`pollux.policy.exploration`).
-        objective: What the policy maximises, in words, for Explain (`explain.objective_text`).
     """
 
     def __init__(
@@ -106,23 +105,18 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         *,
         warnings: Callable[[], list[str]] = list,
         mirror: ClusterMirror | None = None,
-        params: PolluxParams | None = None,
+        policy: Policy | None = None,
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
-        exploration: Exploration = FAITHFUL,
-        objective: str = FAITHFUL_OBJECTIVE,
     ) -> None:
         self.store = store
-        self.exploration = exploration
-        """The policy's exploration rule, for the states Explain builds (EstimateJob takes the
-        forecasting policy's)."""
-        self.objective = objective
-        """What the policy maximises, in words (ExplainResponse.objective)."""
+        self.policy: Policy = policy if policy is not None else PolluxPolicy()
+        """The replica's scheduling policy (see Args)."""
+        self.params = self.policy.params if isinstance(self.policy, PolluxPolicy) else None
+        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
-        self.params = params
-        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.forecaster = forecaster
         """The replica's completion-time forecasts (None: time left on current GPUs only)."""
         self.logs = LauncherLogs(store, store.tls)
@@ -493,7 +487,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         change = last_change(job)
         if change is not None:
             response.last_change.CopyFrom(change)
-        response.objective = self.objective
+        response.objective = objective_text(self.policy)
         if job.state in ACTIVE:
             await self._counterfactual(job.id, response)
         return response
@@ -519,11 +513,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         now = self.clock()
         forecaster = self.forecaster
-        policy: Policy = (
-            forecaster.policy
-            if forecaster is not None
-            else PolluxPolicy(self.params or PolluxParams())
-        )
+        policy = forecaster.policy if forecaster is not None else self.policy
         # The state's jobs explore as the forecasting policy lets them, the new one too.
         state = await asyncio.to_thread(
             cluster_state, snapshot, _active(snapshot), now=now, exploration=policy.exploration
@@ -595,7 +585,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         active = _active(snapshot)
         state = await asyncio.to_thread(
-            cluster_state, snapshot, active, now=self.clock(), exploration=self.exploration
+            cluster_state, snapshot, active, now=self.clock(), exploration=self.policy.exploration
         )
         try:
             found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
