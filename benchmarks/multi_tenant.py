@@ -41,10 +41,19 @@ sharing method can undo; the report says which configurations it applies to.
 
     python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--mode jct] [--processes 2]
         [--shares budgets|weights|deficits|isolation] [--assign hash|round_robin]
+        [--demand equal|entitled]
 
 --quick runs three configurations on two workloads (about 2 minutes on 2 cores). --assign
 round_robin gives jobs to tenants in submission order instead of by name hash: a labelling
 the default runs do not use, to check that a method is not fitted to one.
+
+--demand says how many jobs each tenant brings. "equal" (default): every tenant about the
+same number, whatever its entitlement, so unequal weights and guarantees make the tenants'
+loads differ from what they are entitled to; that is the case a sharing method exists for,
+and there its JCT cost is by design (a tenant entitled to less than its load queues longer;
+the single-tenant baseline ignores entitlements). "entitled": jobs in proportion to e_t, as
+when an administrator sizes guarantees and weights to the teams' work; then the tenants ask
+for what they are entitled to, and what JCT a method costs is its own overhead.
 """
 
 from __future__ import annotations
@@ -157,25 +166,26 @@ class Recorder:
 
 
 Assign = Literal["hash", "round_robin"]
+Demand = Literal["equal", "entitled"]
 
 
 def simulate_one(
-    task: tuple[str, Path, TenantShares, Assign, tuple[str, ...], str],
+    task: tuple[str, Path, TenantShares, Assign, Demand, tuple[str, ...], str],
 ) -> tuple[str, str, dict[str, float], list[Round]]:
     """Run one workload under one configuration ("" = single-tenant baseline).
 
     The baseline records the isolated goodputs of every configuration of `observe`. The last
     field is the policy mode, "faithful" or "jct" (`JctParams()`), the baseline's too.
     """
-    config_name, path, mode, how, observe, policy_mode = task
+    config_name, path, mode, how, demand, observe, policy_mode = task
     specs = CONFIGS.get(config_name, ())
     config = replace(spec_for("pollux", "faithful").config, tenants=specs)
     workload = load_workload(path)
     if specs:
-        workload = assign_tenants(workload, [t.name for t in specs], how)
+        workload = _labelled(path, specs, how, demand)
     observed: Labels = {}
     for name in (config_name,) if specs else observe:
-        labelled = _labelled(path, CONFIGS[name], how)
+        labelled = _labelled(path, CONFIGS[name], how, demand)
         observed[name] = (CONFIGS[name], {job.name: job.tenant for job in labelled})
     apps = load_published_applications(default_data_root() / "traces")
     recorder = Recorder(mode, observed, JctParams() if policy_mode == "jct" else None)
@@ -245,23 +255,19 @@ def report(
     workloads: list[Path],
     gpus: int,
     how: Assign = "hash",
+    demand: Demand = "equal",
 ) -> tuple[bool, bool, bool | None]:
     """Print one configuration's table; whether it meets the isolation, share and JCT targets.
 
     The JCT verdict is None for a configuration with a cap (see the module docstring).
     """
-    entitled = entitlements(
-        [t.guarantee_gpus for t in specs],
-        [t.weight for t in specs],
-        [t.cap or 2**62 for t in specs],
-        gpus,
-    )
+    entitled = _entitled(specs, gpus)
     entitlement = entitled / entitled.sum()
     tenant_runs, base_runs = [], []
     tenant_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
     base_jcts: dict[str, list[float]] = {t.name: [] for t in specs}
     for path in workloads:
-        tenant_of = {job.name: job.tenant for job in _labelled(path, specs, how)}
+        tenant_of = {job.name: job.tenant for job in _labelled(path, specs, how, demand)}
         jcts, rounds = results[(name, path.stem)]
         base, base_rounds = results[("", path.stem)]
         tenant_runs.append((rounds, tenant_of))
@@ -307,8 +313,25 @@ def report(
     return ok_alone, ok_share, ok_jct
 
 
-def _labelled(path: Path, specs: Sequence[TenantSpec], how: Assign) -> list[WorkloadJob]:
-    return assign_tenants(load_workload(path), [t.name for t in specs], how)
+def _entitled(specs: Sequence[TenantSpec], gpus: int) -> np.ndarray:
+    """E_t of every tenant, all with demand, on a cluster of `gpus` GPUs."""
+    return entitlements(
+        [t.guarantee_gpus for t in specs],
+        [t.weight for t in specs],
+        [t.cap or 2**62 for t in specs],
+        gpus,
+    )
+
+
+def _labelled(
+    path: Path, specs: Sequence[TenantSpec], how: Assign, demand: Demand
+) -> list[WorkloadJob]:
+    """The workload's jobs given to the tenants, in equal numbers or in proportion to E_t."""
+    shares = None
+    if demand == "entitled":
+        cluster = spec_for("pollux", "faithful").config
+        shares = _entitled(specs, cluster.nodes * cluster.gpus_per_node).tolist()
+    return assign_tenants(load_workload(path), [t.name for t in specs], how, shares)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         default="hash",
         help="how jobs go to tenants (pollux.sim.workload.assign_tenants)",
     )
+    parser.add_argument(
+        "--demand",
+        choices=["equal", "entitled"],
+        default="equal",
+        help="jobs per tenant: about equal, or in proportion to its entitlement",
+    )
     args = parser.parse_args(argv)
     folder = default_data_root() / ("workloads" if args.load == "1.0" else f"workloads-{args.load}")
     workloads = sorted(folder.glob("*.csv"), key=lambda p: int(p.stem.split("-")[-1]))
@@ -351,9 +380,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
     mode = TenantShares(args.shares)
     how: Assign = args.assign
+    demand: Demand = args.demand
     observe = tuple(names)
     tasks = [
-        (name, path, mode, how, observe, args.mode) for name in ["", *names] for path in workloads
+        (name, path, mode, how, demand, observe, args.mode)
+        for name in ["", *names]
+        for path in workloads
     ]
     started = time.perf_counter()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -383,10 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     gpus = cluster.nodes * cluster.gpus_per_node
     print(
         f"load {args.load}x, {args.mode} mode, tenant shares by {mode.value}, "
-        f"jobs to tenants by {how}, "
+        f"jobs to tenants by {how}, {demand} demand, "
         f"workloads: {', '.join(p.stem for p in workloads)}"
     )
-    verdicts = [report(n, CONFIGS[n], results, workloads, gpus, how) for n in names]
+    verdicts = [report(n, CONFIGS[n], results, workloads, gpus, how, demand) for n in names]
     alone_met = sum(ok for ok, _, _ in verdicts)
     shares_met = sum(ok for _, ok, _ in verdicts)
     judged = [ok for _, _, ok in verdicts if ok is not None]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
+import itertools
+import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -73,19 +76,54 @@ def assign_tenants(
     jobs: Sequence[WorkloadJob],
     tenants: Sequence[str],
     how: Literal["hash", "round_robin"] = "hash",
+    shares: Sequence[float] | None = None,
 ) -> list[WorkloadJob]:
     """The jobs, each given to one of `tenants` (the published workloads name none).
 
     "hash": by CRC-32 of the job name, so a job's tenant depends on its name only (stable
     when jobs are added or removed, unlike Python's salted `hash`); "round_robin": in
     submission order, which balances job counts exactly.
+
+    `shares` (one positive number per tenant, default equal) sets the fraction of the jobs
+    each tenant gets, e.g. in proportion to its entitlement, so that a tenant's load matches
+    what it is entitled to: "hash" then maps the name's CRC-32 onto the tenants' cumulative
+    fractions, and "round_robin" gives each job to the tenant furthest below its fraction of
+    the jobs so far (smooth weighted round robin). Without `shares` both are as above.
     """
     if not tenants:
         raise ValueError("need at least one tenant name")
-    if how == "hash":
-        pick = [zlib.crc32(job.name.encode()) % len(tenants) for job in jobs]
-    elif how == "round_robin":
-        pick = [i % len(tenants) for i in range(len(jobs))]
-    else:
+    if how not in ("hash", "round_robin"):
         raise ValueError(f"unknown assignment {how!r}; choose 'hash' or 'round_robin'")
+    if shares is None:
+        if how == "hash":
+            pick = [zlib.crc32(job.name.encode()) % len(tenants) for job in jobs]
+        else:
+            pick = [i % len(tenants) for i in range(len(jobs))]
+    else:
+        pick = _weighted_picks(jobs, len(tenants), how, shares)
     return [replace(job, tenant=tenants[t]) for job, t in zip(jobs, pick, strict=True)]
+
+
+def _weighted_picks(
+    jobs: Sequence[WorkloadJob], count: int, how: str, shares: Sequence[float]
+) -> list[int]:
+    """Each job's tenant index when tenants get `shares` of the jobs (see `assign_tenants`)."""
+    if len(shares) != count:
+        raise ValueError(f"need one share per tenant: {len(shares)} shares for {count} tenants")
+    if not all(math.isfinite(x) and x > 0 for x in shares):
+        raise ValueError(f"shares must be positive numbers, got {list(shares)}")
+    total = sum(shares)
+    fractions = [x / total for x in shares]
+    if how == "hash":
+        bounds = list(itertools.accumulate(fractions))
+        return [
+            min(bisect.bisect_right(bounds, zlib.crc32(job.name.encode()) / 2**32), count - 1)
+            for job in jobs
+        ]
+    given = [0] * count
+    pick = []
+    for i in range(len(jobs)):
+        t = max(range(count), key=lambda u: (fractions[u] * (i + 1) - given[u], -u))
+        given[t] += 1
+        pick.append(t)
+    return pick

@@ -60,6 +60,31 @@ def test_hash_assignment_depends_on_the_name_only_and_round_robin_balances():
         assign_tenants(WORKLOAD, [])
 
 
+MANY = [WorkloadJob(f"job-{i}", float(i), "cifar10", 1, 128) for i in range(4000)]
+
+
+def test_shares_give_each_tenant_its_fraction_of_the_jobs():
+    hashed = Counter(j.tenant for j in assign_tenants(MANY, ["a", "b", "c"], shares=[4, 2, 2]))
+    assert abs(hashed["a"] / len(MANY) - 0.5) < 0.03  # CRC-32 of the names, not exact
+    assert abs(hashed["b"] / len(MANY) - 0.25) < 0.03
+    robin = [j.tenant for j in assign_tenants(MANY[:8], ["a", "b"], "round_robin", [3, 1])]
+    assert robin == ["a", "a", "b", "a", "a", "a", "b", "a"]
+    # a job's tenant still depends on its name only, and equal shares stay hashed by name
+    again = assign_tenants(list(reversed(MANY)), ["a", "b", "c"], shares=[4, 2, 2])
+    assert {j.name: j.tenant for j in again} == {
+        j.name: j.tenant for j in assign_tenants(MANY, ["a", "b", "c"], shares=[4, 2, 2])
+    }
+
+
+@pytest.mark.parametrize(
+    ("shares", "message"),
+    [([1.0], "one share per tenant"), ([1.0, 0.0], "positive"), ([1.0, float("nan")], "positive")],
+)
+def test_bad_shares_are_refused_with_what_to_fix(shares: list[float], message: str):
+    with pytest.raises(ValueError, match=message):
+        assign_tenants(WORKLOAD, ["a", "b"], shares=shares)
+
+
 def test_the_policy_sees_the_tenants_and_every_jobs_tenant():
     specs = (TenantSpec("a", guarantee_gpus=2), TenantSpec("b", cap_gpus=4))
     workload = assign_tenants(WORKLOAD, ["a", "b"], how="round_robin")
