@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import bisect
 import csv
-import itertools
+import hashlib
 import math
 import zlib
 from collections.abc import Sequence
@@ -86,9 +85,11 @@ def assign_tenants(
 
     `shares` (one positive number per tenant, default equal) sets the fraction of the jobs
     each tenant gets, e.g. in proportion to its entitlement, so that a tenant's load matches
-    what it is entitled to: "hash" then maps the name's CRC-32 onto the tenants' cumulative
-    fractions, and "round_robin" gives each job to the tenant furthest below its fraction of
-    the jobs so far (smooth weighted round robin). Without `shares` both are as above.
+    what it is entitled to. Tenants then get their fractions to within one job: "round_robin"
+    gives each job, in submission order, to the tenant furthest below its fraction of the jobs
+    so far (smooth weighted round robin); "hash" does the same in the order of a uniform hash
+    of the names (`_uniform`), so that a job's tenant depends on the set of names only, not on
+    submission order. Without `shares` both are as above.
     """
     if not tenants:
         raise ValueError("need at least one tenant name")
@@ -114,16 +115,23 @@ def _weighted_picks(
         raise ValueError(f"shares must be positive numbers, got {list(shares)}")
     total = sum(shares)
     fractions = [x / total for x in shares]
+    order = list(range(len(jobs)))
     if how == "hash":
-        bounds = list(itertools.accumulate(fractions))
-        return [
-            min(bisect.bisect_right(bounds, zlib.crc32(job.name.encode()) / 2**32), count - 1)
-            for job in jobs
-        ]
+        order.sort(key=lambda i: (_uniform(jobs[i].name), jobs[i].name))
     given = [0] * count
-    pick = []
-    for i in range(len(jobs)):
-        t = max(range(count), key=lambda u: (fractions[u] * (i + 1) - given[u], -u))
+    pick = [0] * len(jobs)
+    for n, i in enumerate(order, start=1):
+        t = max(range(count), key=lambda u: (fractions[u] * n - given[u], -u))
         given[t] += 1
-        pick.append(t)
+        pick[i] = t
     return pick
+
+
+def _uniform(name: str) -> float:
+    """A number in [0, 1) that depends on `name` only, uniform over names.
+
+    BLAKE2b and not CRC-32: CRC-32 is linear, so names that differ in a few characters
+    ("cifar10-3", "cifar10-13") get values whose high bits are far from uniform.
+    """
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
