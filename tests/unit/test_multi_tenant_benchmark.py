@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from benchmarks.multi_tenant import CONFIGS, _entitled, _labelled, shares
+from benchmarks.multi_tenant import CONFIGS, Round, _entitled, _labelled, shares
 from pollux.policy.types import TenantSpec
 from pollux.sim.traces import default_data_root
 
@@ -11,7 +11,7 @@ WORKLOADS = sorted((default_data_root() / "workloads").glob("*.csv"))
 
 
 @pytest.mark.parametrize("config", ["4 weights 1:1:2:4", "3 one guaranteed 24"])
-def test_entitled_demand_gives_tenants_jobs_in_proportion_to_their_entitlement(config: str):
+def test_entitled_demand_gives_tenants_jobs_in_proportion_to_their_entitlement(config: str) -> None:
     specs = CONFIGS[config]
     entitled = _entitled(specs, 64)
     counts = {"equal": np.zeros(len(specs)), "entitled": np.zeros(len(specs))}
@@ -26,11 +26,11 @@ def test_entitled_demand_gives_tenants_jobs_in_proportion_to_their_entitlement(c
     assert np.abs(counts["equal"] / jobs - 1 / len(specs)).max() < 0.04
 
 
-def test_shares_count_only_rounds_in_which_every_tenant_has_unmet_demand():
+def test_shares_count_only_rounds_in_which_every_tenant_has_unmet_demand() -> None:
     specs = (TenantSpec("a"), TenantSpec("b"))
     tenant_of = {"a1": "a", "a2": "a", "b1": "b"}
     config = "two"
-    rounds = [
+    rounds: list[Round] = [
         # all busy: a holds 3 (wants 6), b holds 1 (wants 2)
         ((("a1", 2.0, 2, 4), ("a2", 1.0, 1, 2), ("b1", 1.0, 1, 2)), {config: [3.0, 2.0]}),
         # b has all it can use: not counted, whatever the shares
@@ -48,9 +48,9 @@ def test_shares_count_only_rounds_in_which_every_tenant_has_unmet_demand():
     np.testing.assert_allclose(measured.below, [0.5, 0.5])
 
 
-def test_shares_without_a_busy_round_are_not_a_number():
+def test_shares_without_a_busy_round_are_not_a_number() -> None:
     specs = (TenantSpec("a"), TenantSpec("b"))
-    rounds = [((("a1", 1.0, 1, 1),), {"c": [1.0, 1.0]})]
+    rounds: list[Round] = [((("a1", 1.0, 1, 1),), {"c": [1.0, 1.0]})]
     measured = shares([(rounds, {"a1": "a"})], specs, "c")
     assert (measured.busy_rounds, measured.rounds) == (0, 1)
     assert np.isnan(measured.goodput).all()
