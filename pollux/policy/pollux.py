@@ -8,7 +8,8 @@ against (benchmarks/policy_latency.py).
 With tenants in the state, a first level splits the GPUs among them (guarantees, caps, goodput
 shares by weight: `tenants.py`) and the greedy search keeps each within its budget; without
 them the round is exactly the single-pool one. NSGA-II does not support tenants. In the
-DEFICITS mode the decision's `memory` is the tenants' `Ledger`, which must be passed back.
+DEFICITS and ISOLATION modes the decision's `memory` is the tenants' `Ledger`, which must be
+passed back.
 
 With `jct` set (the "jct" mode, `jct.py`), the objective is a weighted proportional fairness
 (p = 0) with heSRPT weights from each job's declared remaining work, and re-allocations are
@@ -95,20 +96,21 @@ class PolluxPolicy:
     def _with_tenants(
         self, problem: Problem, memory: object | None, tilt: jct_mode.FloatArray | None = None
     ) -> AllocationDecision:
-        """The round in the configured `TenantShares` mode; DEFICITS carries a `Ledger`.
+        """The round in the configured `TenantShares` mode; DEFICITS and ISOLATION carry a `Ledger`.
 
         `tilt`: the jct mode's per-job weights, combined with the tenants' own weighting.
         """
         shares = self.params.tenant_shares
+        ledger = memory if isinstance(memory, tenants.Ledger) else None
+        names = tenants.Tenants.of_state(problem.state).names
         if shares is TenantShares.BUDGETS:
             quota = tenants.plan(problem, greedy.count_utilities(problem)[0])
         elif shares is TenantShares.WEIGHTS:
             quota = tenants.weigh(problem)
         elif shares is TenantShares.ISOLATION:
-            quota = tenants.insure(problem, greedy.count_utilities(problem)[0])
+            owed = tenants.tilts(ledger, names, problem.params.p)
+            quota = tenants.insure(problem, greedy.count_utilities(problem)[0], owed)
         else:
-            ledger = memory if isinstance(memory, tenants.Ledger) else None
-            names = tenants.Tenants.of_state(problem.state).names
             quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
         if tilt is not None and shares is not TenantShares.BUDGETS:
             problem.weight = jct_mode.combine(problem.weight, tilt)  # weigh() replaced ours
@@ -120,4 +122,7 @@ class PolluxPolicy:
         decision = tenants.explained(problem.decision(placed), quota)
         if shares is TenantShares.DEFICITS:
             decision = replace(decision, memory=tenants.account(ledger, quota, problem, decision))
+        elif shares is TenantShares.ISOLATION:
+            memory = tenants.account(ledger, quota, problem, decision, tenants.TOLERANCE)
+            decision = replace(decision, memory=memory)
         return decision

@@ -66,6 +66,13 @@ may hold more than its entitlement while the others are at their floors (work co
 and the reservations bind only for tenants single-pool Pollux would leave below the floor.
 Budgets are per tenant, so with three tenants or more two of them can together take a third's
 reservation; `secure` then holds the tenants above their floors to less and searches again.
+The mode also keeps the DEFICITS mode's ledger, with a tolerance: only the part of a tenant's
+goodput share that falls outside ±TOLERANCE (the same 10 %) of e_t is owed, and what is owed
+tilts its jobs' weights as in DEFICITS. So a tenant whose share stays within the tolerance
+leaves the round single-pool Pollux's, and one persistently outside it (a tenant with many
+small jobs that single-pool Pollux favours, or one whose jobs single-pool Pollux starves just
+above its floor) is pulled back over the following rounds, within the floors, at the pace of
+DEFICITS' HORIZON.
 
 Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
 weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
@@ -287,6 +294,11 @@ tolerance (a tenant within 10 % of what it is entitled to), read as a floor, sin
 entitlement is not a wrong done to it. A floor of 1 would reserve the last GPUs of each tenant's
 curve, the ones its jobs turn into the least goodput, at the others' expense."""
 
+TOLERANCE = 1.0 - FLOOR
+"""Relative deviation from its goodput share that the ISOLATION mode's ledger lets a tenant have
+in a round before any of it is owed: the issue's ±10 % again. Within it the round is single-pool
+Pollux's (the best for JCT); beyond it the excess is integrated as in the DEFICITS mode."""
+
 
 @dataclass(frozen=True, slots=True)
 class Isolation:
@@ -341,16 +353,18 @@ def isolation(problem: Problem, utilities: FloatArray, tenants: Tenants | None =
     return Isolation(entitled, goodput, curves)
 
 
-def insure(problem: Problem, utilities: FloatArray) -> Quota:
+def insure(problem: Problem, utilities: FloatArray, tilt: FloatArray | None = None) -> Quota:
     """The ISOLATION mode's level 1: single-pool weights, each tenant's floor reserved.
 
     Budgets as in `weigh` (a tenant may hold up to its cap less the floors of all others), with
     each tenant's floor raised from its guarantee to the GPUs on which it reaches FLOOR · I_t
     (at most ⌊E_t⌋ and what its jobs can use, so the floors add up to at most the cluster).
-    Every job weighs alike (single-pool Pollux), so the floors are the only constraint. Sets
-    `problem.weight`; the quota's `goodput` is I_t.
+    Every job weighs alike (single-pool Pollux), times its tenant's `tilt` (`tilts` of the
+    mode's ledger; none: 1), so the floors and any share owed beyond the tolerance are the only
+    constraints. Sets `problem.weight`; the quota's `goodput` is I_t.
     """
-    quota = weigh(problem, np.ones(len(Tenants.of_state(problem.state).names)))
+    count = len(Tenants.of_state(problem.state).names)
+    quota = weigh(problem, np.ones(count) if tilt is None else tilt)
     alone = isolation(problem, utilities, quota.tenants)
     floor = np.maximum(quota.floor, np.minimum(alone.needs(), quota.ceiling))
     total = problem.total_gpus
@@ -455,7 +469,11 @@ def tilts(ledger: Ledger | None, names: Sequence[str], p: float) -> FloatArray:
 
 
 def account(
-    ledger: Ledger | None, quota: Quota, problem: Problem, decision: AllocationDecision
+    ledger: Ledger | None,
+    quota: Quota,
+    problem: Problem,
+    decision: AllocationDecision,
+    tolerance: float = 0.0,
 ) -> Ledger:
     """The ledger after this round: last round's error integrated, this round's recorded.
 
@@ -467,6 +485,8 @@ def account(
     others' to share. Their shares are s_t = G_t / Σ G and e_t = E_t / Σ E over contenders.
     A tenant at its cap gains no deficit (more weight could not get it more) and one holding
     no more than its guarantee no credit (less weight could not take its guarantee away).
+    With a `tolerance` (the ISOLATION mode's TOLERANCE) only the part of an error beyond it
+    counts: a share within ±tolerance of e_t is owed nothing.
     """
     names = quota.tenants.names
     now = problem.state.now
@@ -489,6 +509,7 @@ def account(
         share = goodput / goodput[contending].sum()
         entitled = quota.entitled / quota.entitled[contending].sum()
         error[contending] = 1.0 - share[contending] / entitled[contending]
+        error = np.sign(error) * np.maximum(np.abs(error) - tolerance, 0.0)
         held = quota.usage(gpus)
         error = np.where(held >= quota.tenants.cap, np.minimum(error, 0.0), error)
         error = np.where(held <= quota.floor, np.maximum(error, 0.0), error)

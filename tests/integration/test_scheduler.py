@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
 from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.tenants import Ledger
 from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, JCT_OBJECTIVE
@@ -446,6 +447,10 @@ async def test_with_tenants_an_event_round_is_a_full_one_and_restarts_the_period
         assert len(decisions) >= 2
         assert not any(d.placement for d in decisions)
         assert r.scheduler._next_full > first_due  # the event's full round restarted it
+        # The default tenant mode's ledger of shares owed is carried to the next round.
+        ledger = r.scheduler._memory
+        assert isinstance(ledger, Ledger)
+        assert "team" in ledger.deficit
     finally:
         await r.stop()
 

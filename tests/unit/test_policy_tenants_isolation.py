@@ -14,16 +14,21 @@ from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.problem import Problem, TenantShares
 from pollux.policy.tenants import (
     FLOOR,
+    HORIZON,
+    TOLERANCE,
     IntArray,
+    Ledger,
     Quota,
     Tenants,
     _apportion,
+    account,
     insure,
     isolation,
     secure,
 )
-from pollux.policy.types import AllocationDecision, TenantSpec
+from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 from tests.unit.policy_builders import (
+    NOW,
     THREE_TENANTS,
     job,
     labelled,
@@ -143,6 +148,58 @@ def test_an_efficient_tenant_may_exceed_its_entitlement_when_the_other_is_satisf
     gpus, good = per_tenant(allocate(ISOLATION, st_), st_)
     assert good["b"] >= FLOOR * promised["b"] * 0.98
     assert gpus["a"] > 16
+
+
+def equal_tenants() -> ClusterState:
+    jobs = tenant_jobs("a", 4, max_replicas=16) + tenant_jobs("b", 4, max_replicas=16)
+    return replace(state(jobs, nodes(8)), tenants=(TenantSpec("a"), TenantSpec("b")))
+
+
+def test_each_round_returns_the_ledger_of_shares_owed() -> None:
+    first = allocate(ISOLATION, equal_tenants())
+    assert isinstance(first.memory, Ledger)
+    assert first.memory.deficit == {"a": 0.0, "b": 0.0}
+    # Another policy's memory is ignored, not misread.
+    other = ISOLATION.allocate(equal_tenants(), object(), np.random.default_rng(0))
+    assert other.allocations == first.allocations
+
+
+@pytest.mark.parametrize(
+    ("share_a", "owed_a"),
+    [(0.5, 0.0), (0.46, 0.0), (0.2, 0.6 - TOLERANCE), (0.8, -(0.6 - TOLERANCE))],
+)
+def test_only_a_share_beyond_the_tolerance_is_owed(share_a: float, owed_a: float) -> None:
+    # Entitled to half each; a's relative shortfall 1 − share / 0.5 counts beyond ±10 % only.
+    # Each tenant holds 16 GPUs, above its floor (15), so neither is kept from a credit.
+    st_ = equal_tenants()
+    problem = Problem(st_, ISOLATION.params)
+    quota = insure(problem, count_utilities(problem)[0])
+    speed = {"a": share_a / 4, "b": (1 - share_a) / 4}
+    decision = AllocationDecision(
+        allocations={j.name: ("n0",) * 4 for j in st_.jobs},
+        explain={j.name: JobExplain(speed[j.tenant], 1.0, "") for j in st_.jobs},
+    )
+    assert (quota.usage([4] * 8) > quota.floor).all()
+    ledger = account(None, quota, problem, decision, TOLERANCE)
+    assert ledger.error["a"] == pytest.approx(owed_a)
+    assert ledger.error["b"] == pytest.approx(-owed_a)
+    later = replace(st_, now=NOW + 60.0)
+    problem = Problem(later, ISOLATION.params)
+    assert account(ledger, quota, problem, decision, TOLERANCE).deficit["a"] == pytest.approx(
+        60.0 * owed_a
+    )
+
+
+def test_a_tenant_owed_goodput_gets_more_of_it_and_its_floor_still_holds() -> None:
+    st_ = equal_tenants()
+    even = per_tenant(allocate(ISOLATION, st_), st_)[1]
+    assert even["a"] == pytest.approx(even["b"])
+    owed = Ledger(NOW, {"a": HORIZON, "b": -HORIZON}, {"a": 0.0, "b": 0.0})
+    decision = ISOLATION.allocate(st_, owed, np.random.default_rng(0))
+    _, good = per_tenant(decision, st_)
+    assert good["a"] > good["b"]
+    promised = alone(st_)
+    assert good["b"] >= FLOOR * promised["b"] * 0.98  # b's floor is not traded away
 
 
 def test_guarantees_and_caps_still_hold() -> None:
