@@ -108,7 +108,7 @@ class PolluxPolicy:
         elif shares is TenantShares.WEIGHTS:
             quota = tenants.weigh(problem)
         elif shares is TenantShares.ISOLATION:
-            owed = tenants.tilts(ledger, names, problem.params.p)
+            owed = tenants.tilts(ledger, names, problem.params.p, tenants.TOLERANCE)
             quota = tenants.insure(problem, greedy.count_utilities(problem)[0], owed)
         else:
             quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
@@ -120,9 +120,6 @@ class PolluxPolicy:
                 problem, quota, placed, lambda q: greedy.search(problem, q)
             )
         decision = tenants.explained(problem.decision(placed), quota)
-        if shares is TenantShares.DEFICITS:
+        if shares in (TenantShares.DEFICITS, TenantShares.ISOLATION):
             decision = replace(decision, memory=tenants.account(ledger, quota, problem, decision))
-        elif shares is TenantShares.ISOLATION:
-            memory = tenants.account(ledger, quota, problem, decision, tenants.TOLERANCE)
-            decision = replace(decision, memory=memory)
         return decision

@@ -66,13 +66,14 @@ may hold more than its entitlement while the others are at their floors (work co
 and the reservations bind only for tenants single-pool Pollux would leave below the floor.
 Budgets are per tenant, so with three tenants or more two of them can together take a third's
 reservation; `secure` then holds the tenants above their floors to less and searches again.
-The mode also keeps the DEFICITS mode's ledger, with a tolerance: only the part of a tenant's
-goodput share that falls outside ±TOLERANCE (the same 10 %) of e_t is owed, and what is owed
-tilts its jobs' weights as in DEFICITS. So a tenant whose share stays within the tolerance
-leaves the round single-pool Pollux's, and one persistently outside it (a tenant with many
-small jobs that single-pool Pollux favours, or one whose jobs single-pool Pollux starves just
-above its floor) is pulled back over the following rounds, within the floors, at the pace of
-DEFICITS' HORIZON.
+The mode also keeps the DEFICITS mode's ledger, with a tolerance: a tenant is owed only as
+far as its mean goodput share over the ledger's memory falls outside ±TOLERANCE (the same
+10 %) of e_t, and what is owed tilts its jobs' weights as in DEFICITS. So while every
+tenant's mean share is within the tolerance the round is single-pool Pollux's (round-to-round
+swings, which the job mix makes large, cost nothing), and a tenant persistently outside it (a
+tenant with many small jobs that single-pool Pollux favours, or one that single-pool Pollux
+leaves just above its floor) is pulled back over the following rounds, within the floors, at
+the pace of DEFICITS' HORIZON.
 
 Jobs naming no tenant, or one no `TenantSpec` defines, form one implicit default tenant "":
 weight 1, no guarantee, no cap. One tenant and not one per unknown name, so that inventing
@@ -84,7 +85,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -295,9 +296,9 @@ entitlement is not a wrong done to it. A floor of 1 would reserve the last GPUs 
 curve, the ones its jobs turn into the least goodput, at the others' expense."""
 
 TOLERANCE = 1.0 - FLOOR
-"""Relative deviation from its goodput share that the ISOLATION mode's ledger lets a tenant have
-in a round before any of it is owed: the issue's ±10 % again. Within it the round is single-pool
-Pollux's (the best for JCT); beyond it the excess is integrated as in the DEFICITS mode."""
+"""Mean relative deviation from its goodput share that the ISOLATION mode lets a tenant have
+before any of it is owed (`tilts`): the issue's ±10 % again. Within it the round is single-pool
+Pollux's (the best for JCT); beyond it the excess is owed as in the DEFICITS mode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +440,7 @@ further from the entitlements)."""
 
 @dataclass(frozen=True, slots=True)
 class Ledger:
-    """The DEFICITS mode's memory between rounds (`AllocationDecision.memory`).
+    """The DEFICITS and ISOLATION modes' memory between rounds (`AllocationDecision.memory`).
 
     Attributes:
         now: The time of the round that wrote it.
@@ -447,24 +448,36 @@ class Ledger:
             (seconds at its full entitled share it is owed; negative: it is ahead).
         error: Per tenant name, the relative shortfall (e_t − s_t) / e_t of the allocation
             that round chose, which holds until the next round (0 when not contending).
+        span: Per tenant name, the seconds in which it contended, integrated and forgotten as
+            the deficit is, so that deficit / span is its mean relative shortfall.
+        contending: The tenants that contended in the round that wrote it.
     """
 
     now: float
     deficit: Mapping[str, float]
     error: Mapping[str, float]
+    span: Mapping[str, float] = field(default_factory=dict)
+    contending: frozenset[str] = frozenset()
 
 
-def tilts(ledger: Ledger | None, names: Sequence[str], p: float) -> FloatArray:
-    """Each tenant's weight factor: exp(deficit / HORIZON) as a goodput share, raised to 1 − p.
+def tilts(
+    ledger: Ledger | None, names: Sequence[str], p: float, tolerance: float = 0.0
+) -> FloatArray:
+    """Each tenant's weight factor: exp(owed / HORIZON) as a goodput share, raised to 1 − p.
 
     A share target scaled by r needs the weight scaled by r^(1 − p) (see `weigh`), so a tenant
-    owed HORIZON seconds of its share aims e-fold higher, whatever p. Without a ledger (the
-    first round) every factor is 1: single-pool Pollux's objective.
+    owed HORIZON seconds of its share aims e-fold higher, whatever p. What is owed is the
+    deficit, less `tolerance` × the seconds it contended: a tenant whose mean relative
+    shortfall over its memory (deficit / span) is within ±tolerance is owed nothing, and one
+    outside it only the excess (the ISOLATION mode's TOLERANCE; DEFICITS owes every second).
+    Without a ledger (the first round) every factor is 1: single-pool Pollux's objective.
     """
     if ledger is None:
         return np.ones(len(names))
     limit = HORIZON * math.log(MOST_TILT)
-    owed = np.array([ledger.deficit.get(name, 0.0) for name in names])
+    deficit = np.array([ledger.deficit.get(name, 0.0) for name in names])
+    band = tolerance * np.array([ledger.span.get(name, 0.0) for name in names])
+    owed = np.sign(deficit) * np.maximum(np.abs(deficit) - band, 0.0)
     return np.asarray(np.exp(_sensitivity(p) * np.clip(owed, -limit, limit) / HORIZON))
 
 
@@ -473,7 +486,6 @@ def account(
     quota: Quota,
     problem: Problem,
     decision: AllocationDecision,
-    tolerance: float = 0.0,
 ) -> Ledger:
     """The ledger after this round: last round's error integrated, this round's recorded.
 
@@ -485,8 +497,7 @@ def account(
     others' to share. Their shares are s_t = G_t / Σ G and e_t = E_t / Σ E over contenders.
     A tenant at its cap gains no deficit (more weight could not get it more) and one holding
     no more than its guarantee no credit (less weight could not take its guarantee away).
-    With a `tolerance` (the ISOLATION mode's TOLERANCE) only the part of an error beyond it
-    counts: a share within ±tolerance of e_t is owed nothing.
+    The seconds each tenant contended are integrated alike (`Ledger.span`).
     """
     names = quota.tenants.names
     now = problem.state.now
@@ -497,6 +508,10 @@ def account(
         name: previous.deficit.get(name, 0.0) * decay + previous.error.get(name, 0.0) * dt
         for name in names
     }
+    span = {
+        name: previous.span.get(name, 0.0) * decay + dt * (name in previous.contending)
+        for name in names
+    }
     jobs = list(decision.allocations)
     gpus = np.array([len(decision.allocations[name]) for name in jobs], dtype=np.int64)
     speed = np.array([decision.explain[name].speedup for name in jobs])
@@ -505,15 +520,17 @@ def account(
     unmet = np.bincount(quota.of_job, weights=gpus < problem.max_k, minlength=count) > 0
     contending = unmet & (quota.entitled > 0)
     error = np.zeros(count)
-    if contending.sum() > 1 and goodput[contending].sum() > 0:
+    if not (contending.sum() > 1 and goodput[contending].sum() > 0):
+        contending[:] = False  # no shares to compare: nothing owed, no seconds counted
+    if contending.any():
         share = goodput / goodput[contending].sum()
         entitled = quota.entitled / quota.entitled[contending].sum()
         error[contending] = 1.0 - share[contending] / entitled[contending]
-        error = np.sign(error) * np.maximum(np.abs(error) - tolerance, 0.0)
         held = quota.usage(gpus)
         error = np.where(held >= quota.tenants.cap, np.minimum(error, 0.0), error)
         error = np.where(held <= quota.floor, np.maximum(error, 0.0), error)
-    return Ledger(now, deficit, dict(zip(names, error.tolist(), strict=True)))
+    errors = dict(zip(names, error.tolist(), strict=True))
+    return Ledger(now, deficit, errors, span, frozenset(np.asarray(names)[contending].tolist()))
 
 
 def _sensitivity(p: float) -> float:

@@ -1,5 +1,6 @@
 """The ISOLATION tenant mode: each tenant at least 90 % of its goodput alone on E_t GPUs."""
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from pollux.policy.problem import Problem, TenantShares
 from pollux.policy.tenants import (
     FLOOR,
     HORIZON,
+    MEMORY,
     TOLERANCE,
     IntArray,
     Ledger,
@@ -25,6 +27,7 @@ from pollux.policy.tenants import (
     insure,
     isolation,
     secure,
+    tilts,
 )
 from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 from tests.unit.policy_builders import (
@@ -165,29 +168,37 @@ def test_each_round_returns_the_ledger_of_shares_owed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("share_a", "owed_a"),
-    [(0.5, 0.0), (0.46, 0.0), (0.2, 0.6 - TOLERANCE), (0.8, -(0.6 - TOLERANCE))],
+    ("share_a", "beyond"),
+    [(0.5, 0.0), (0.46, 0.0), (0.54, 0.0), (0.56, -0.02), (0.2, 0.5), (0.8, -0.5)],
 )
-def test_only_a_share_beyond_the_tolerance_is_owed(share_a: float, owed_a: float) -> None:
-    # Entitled to half each; a's relative shortfall 1 − share / 0.5 counts beyond ±10 % only.
+def test_only_a_mean_share_beyond_the_tolerance_is_owed(share_a: float, beyond: float) -> None:
+    # Entitled to half each, a gets `share_a` of the goodput in every round: its relative
+    # shortfall 1 − share / 0.5 is owed only beyond ±10 %, for every second it contended.
     # Each tenant holds 16 GPUs, above its floor (15), so neither is kept from a credit.
     st_ = equal_tenants()
-    problem = Problem(st_, ISOLATION.params)
-    quota = insure(problem, count_utilities(problem)[0])
     speed = {"a": share_a / 4, "b": (1 - share_a) / 4}
     decision = AllocationDecision(
         allocations={j.name: ("n0",) * 4 for j in st_.jobs},
         explain={j.name: JobExplain(speed[j.tenant], 1.0, "") for j in st_.jobs},
     )
-    assert (quota.usage([4] * 8) > quota.floor).all()
-    ledger = account(None, quota, problem, decision, TOLERANCE)
-    assert ledger.error["a"] == pytest.approx(owed_a)
-    assert ledger.error["b"] == pytest.approx(-owed_a)
-    later = replace(st_, now=NOW + 60.0)
-    problem = Problem(later, ISOLATION.params)
-    assert account(ledger, quota, problem, decision, TOLERANCE).deficit["a"] == pytest.approx(
-        60.0 * owed_a
-    )
+    ledger = None
+    for r in range(6):
+        problem = Problem(replace(st_, now=NOW + 60.0 * r), ISOLATION.params)
+        quota = insure(problem, count_utilities(problem)[0])
+        assert (quota.usage([4] * 8) > quota.floor).all()
+        ledger = account(ledger, quota, problem, decision)
+    assert ledger is not None
+    assert ledger.contending == {"a", "b"}
+    span = ledger.span["a"]
+    assert span == pytest.approx(sum(60.0 * math.exp(-60.0 * k / MEMORY) for k in range(5)))
+    assert ledger.deficit["a"] == pytest.approx((1 - share_a / 0.5) * span)
+    p = ISOLATION.params.p
+    a, b = tilts(ledger, ("a", "b"), p, TOLERANCE)
+    assert a == pytest.approx(math.exp((1 - p) * beyond * span / HORIZON))
+    assert b == pytest.approx(1 / a)
+    # DEFICITS owes every second of it.
+    plain = tilts(ledger, ("a", "b"), p)[0]
+    assert plain == pytest.approx(math.exp((1 - p) * (1 - share_a / 0.5) * span / HORIZON))
 
 
 def test_a_tenant_owed_goodput_gets_more_of_it_and_its_floor_still_holds() -> None:
