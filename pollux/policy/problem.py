@@ -47,8 +47,9 @@ class TenantShares(enum.Enum):
             as in WEIGHTS.
         ISOLATION: The sharing incentive: single-pool Pollux, with each tenant reserved the
             GPUs on which it reaches 90 % of the goodput its jobs would get alone on its
-            entitled GPUs (`tenants.insure`); a goodput share more than 10 % off its
-            entitlement is owed and repaid over time as in DEFICITS (`tenants.TOLERANCE`).
+            entitled GPUs (`tenants.insure`); a tenant whose mean goodput share is more than
+            10 % off its entitlement is owed the excess, repaid as in DEFICITS
+            (`tenants.TOLERANCE`).
     """
 
     BUDGETS = "budgets"
