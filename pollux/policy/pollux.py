@@ -71,6 +71,9 @@ class PolluxPolicy:
             raise PolicyInputError(
                 "tenants", "the nsga2 optimizer does not support tenants; use optimizer='greedy'"
             )
+        # A round with nothing to decide keeps the tenants' ledger: what a tenant is owed
+        # outlives a moment without nodes or jobs.
+        kept = memory if isinstance(memory, tenants.Ledger) else None
         if not state.nodes:
             # A cluster with no registered node (yet): every job waits.
             return AllocationDecision(
@@ -79,11 +82,12 @@ class PolluxPolicy:
                     job.name: JobExplain(0.0, 1.0, "pending: no nodes in the cluster")
                     for job in state.jobs
                 },
+                memory=kept,
             )
         params = self.params if self.jct is None else replace(self.params, p=self.jct.p)
         problem = Problem(state, params)
         if problem.num_jobs == 0:
-            return AllocationDecision(allocations={}, explain={})
+            return AllocationDecision(allocations={}, explain={}, memory=kept)
         tilt = None if self.jct is None else jct_mode.apply(problem, self.jct).weight
         if self.optimizer == "nsga2":
             previous = memory if isinstance(memory, nsga2.NsgaMemory) else None
@@ -102,16 +106,17 @@ class PolluxPolicy:
         """
         shares = self.params.tenant_shares
         ledger = memory if isinstance(memory, tenants.Ledger) else None
-        names = tenants.Tenants.of_state(problem.state).names
         if shares is TenantShares.BUDGETS:
             quota = tenants.plan(problem, greedy.count_utilities(problem)[0])
         elif shares is TenantShares.WEIGHTS:
             quota = tenants.weigh(problem)
-        elif shares is TenantShares.ISOLATION:
-            owed = tenants.tilts(ledger, names, problem.params.p, tenants.TOLERANCE)
-            quota = tenants.insure(problem, greedy.count_utilities(problem)[0], owed)
         else:
-            quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
+            names = tenants.Tenants.of_state(problem.state).names
+            if shares is TenantShares.ISOLATION:
+                owed = tenants.tilts(ledger, names, problem.params.p, tenants.TOLERANCE)
+                quota = tenants.insure(problem, greedy.count_utilities(problem)[0], owed)
+            else:
+                quota = tenants.weigh(problem, tenants.tilts(ledger, names, problem.params.p))
         if tilt is not None and shares is not TenantShares.BUDGETS:
             problem.weight = jct_mode.combine(problem.weight, tilt)  # weigh() replaced ours
         placed = greedy.search(problem, quota)

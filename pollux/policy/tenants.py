@@ -449,8 +449,11 @@ class Ledger:
         error: Per tenant name, the relative shortfall (e_t − s_t) / e_t of the allocation
             that round chose, which holds until the next round (0 when not contending).
         span: Per tenant name, the seconds in which it contended, integrated and forgotten as
-            the deficit is, so that deficit / span is its mean relative shortfall.
-        contending: The tenants that contended in the round that wrote it.
+            the deficit is, so that deficit / span is its mean relative shortfall. Seconds in
+            which its error was held at 0 (at its cap and behind, or at its floor and ahead)
+            count as on target: what a cap or floor decided is not owed later.
+        contending: The tenants whose shares that round compared (none unless two or more
+            contended with some goodput).
     """
 
     now: float

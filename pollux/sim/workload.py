@@ -85,11 +85,12 @@ def assign_tenants(
 
     `shares` (one positive number per tenant, default equal) sets the fraction of the jobs
     each tenant gets, e.g. in proportion to its entitlement, so that a tenant's load matches
-    what it is entitled to. Tenants then get their fractions to within one job: "round_robin"
-    gives each job, in submission order, to the tenant furthest below its fraction of the jobs
-    so far (smooth weighted round robin); "hash" does the same in the order of a uniform hash
-    of the names (`_uniform`), so that a job's tenant depends on the set of names only, not on
-    submission order. Without `shares` both are as above.
+    what it is entitled to. Tenants then get their fractions to about one job (within one in
+    the benchmark's configurations): "round_robin" gives each job, in submission order, to
+    the tenant furthest below its fraction of the jobs so far (smooth weighted round robin);
+    "hash" does the same in the order of a uniform hash of the names (`_uniform`), so that a
+    job's tenant depends on the set of names only, not on submission order. Without `shares`
+    both are as above.
     """
     if not tenants:
         raise ValueError("need at least one tenant name")

@@ -203,14 +203,52 @@ def test_only_a_mean_share_beyond_the_tolerance_is_owed(share_a: float, beyond: 
 
 def test_a_tenant_owed_goodput_gets_more_of_it_and_its_floor_still_holds() -> None:
     st_ = equal_tenants()
-    even = per_tenant(allocate(ISOLATION, st_), st_)[1]
+    plain = allocate(ISOLATION, st_)
+    even = per_tenant(plain, st_)[1]
     assert even["a"] == pytest.approx(even["b"])
-    owed = Ledger(NOW, {"a": HORIZON, "b": -HORIZON}, {"a": 0.0, "b": 0.0})
-    decision = ISOLATION.allocate(st_, owed, np.random.default_rng(0))
+    span = {"a": 20 * HORIZON, "b": 20 * HORIZON}
+    # Behind by 9 % on average over its span: within the tolerance, owed nothing.
+    within = Ledger(NOW, {"a": 0.09 * span["a"], "b": -0.09 * span["b"]}, {}, span)
+    kept = ISOLATION.allocate(st_, within, np.random.default_rng(0))
+    assert kept.allocations == plain.allocations
+    # Behind by 40 % on average: owed the 30 % beyond the tolerance.
+    behind = Ledger(NOW, {"a": 0.4 * span["a"], "b": -0.4 * span["b"]}, {}, span)
+    decision = ISOLATION.allocate(st_, behind, np.random.default_rng(0))
     _, good = per_tenant(decision, st_)
     assert good["a"] > good["b"]
     promised = alone(st_)
     assert good["b"] >= FLOOR * promised["b"] * 0.98  # b's floor is not traded away
+
+
+def test_the_span_counts_only_seconds_in_which_shares_were_compared() -> None:
+    st_ = equal_tenants()
+    problem = Problem(st_, ISOLATION.params)
+    quota = insure(problem, count_utilities(problem)[0])
+
+    def decided(gpus_b: int) -> AllocationDecision:
+        return AllocationDecision(
+            allocations={j.name: ("n0",) * (4 if j.tenant == "a" else gpus_b) for j in st_.jobs},
+            explain={j.name: JobExplain(0.1, 1.0, "") for j in st_.jobs},
+        )
+
+    # b's jobs hold all they may use (16): only a contends, so no shares are compared.
+    alone_a = account(None, quota, problem, decided(16))
+    assert alone_a.contending == frozenset()
+    later = Problem(replace(st_, now=NOW + 60.0), ISOLATION.params)
+    after = account(alone_a, quota, later, decided(4))
+    assert after.span == {"a": 0.0, "b": 0.0}
+    assert after.contending == {"a", "b"}
+    last = Problem(replace(st_, now=NOW + 120.0), ISOLATION.params)
+    assert account(after, quota, last, decided(4)).span["a"] == pytest.approx(60.0)
+
+
+def test_a_round_with_no_nodes_or_no_jobs_keeps_the_ledger() -> None:
+    owed = Ledger(NOW, {"a": 100.0}, {"a": 0.0}, {"a": 600.0}, frozenset({"a"}))
+    no_nodes = replace(equal_tenants(), nodes=())
+    assert ISOLATION.allocate(no_nodes, owed, np.random.default_rng(0)).memory is owed
+    no_jobs = replace(equal_tenants(), jobs=())
+    assert ISOLATION.allocate(no_jobs, owed, np.random.default_rng(0)).memory is owed
+    assert ISOLATION.allocate(no_jobs, object(), np.random.default_rng(0)).memory is None
 
 
 def test_guarantees_and_caps_still_hold() -> None:
