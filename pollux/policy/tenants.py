@@ -364,8 +364,9 @@ def insure(problem: Problem, utilities: FloatArray, tilt: FloatArray | None = No
     mode's ledger; none: 1), so the floors and any share owed beyond the tolerance are the only
     constraints. Sets `problem.weight`; the quota's `goodput` is I_t.
     """
-    count = len(Tenants.of_state(problem.state).names)
-    quota = weigh(problem, np.ones(count) if tilt is None else tilt)
+    if tilt is None:
+        tilt = np.ones(len(Tenants.of_state(problem.state).names))
+    quota = weigh(problem, tilt)
     alone = isolation(problem, utilities, quota.tenants)
     floor = np.maximum(quota.floor, np.minimum(alone.needs(), quota.ceiling))
     total = problem.total_gpus
@@ -485,10 +486,7 @@ def tilts(
 
 
 def account(
-    ledger: Ledger | None,
-    quota: Quota,
-    problem: Problem,
-    decision: AllocationDecision,
+    ledger: Ledger | None, quota: Quota, problem: Problem, decision: AllocationDecision
 ) -> Ledger:
     """The ledger after this round: last round's error integrated, this round's recorded.
 
