@@ -1,4 +1,4 @@
-"""The core stays pure: pollux.goodput, .policy and .sim import no network or etcd code (R1)."""
+"""The core stays pure: goodput, policy, sim and terminal import no network or etcd code (R1)."""
 
 import ast
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["pollux/goodput", "pollux/policy", "pollux/sim"]
+PURE = ["pollux/goodput", "pollux/policy", "pollux/sim", "pollux/terminal"]
 FORBIDDEN = (
     "grpc",
     "aetcd",
@@ -81,7 +81,7 @@ def test_training_library_has_no_control_plane_imports(path):
 
 # Each distribution of the `pollux` namespace: (folder, the one import package it holds).
 DISTRIBUTIONS = {
-    ".": None,  # the core: pollux.goodput, .policy, .sim, .train, .v1
+    ".": None,  # the core: pollux.goodput, .policy, .sim, .terminal, .train, .v1
     "services/common": "pollux.service",
     "services/scheduler": "pollux.scheduler",
     "services/agent": "pollux.agent",

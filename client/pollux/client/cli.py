@@ -1,9 +1,13 @@
-"""`pollux-cli`: submit, inspect and manage Pollux jobs from a shell.
+r"""`pollux-cli`: submit, inspect and manage Pollux jobs from a shell.
 
 A thin layer: parse arguments, call `pollux.client.Client`, format the result
 with `pollux.client.format`. Exit codes: 0 success, 1 an error reported by the client or server
 (``error: <message>`` on stderr, one indented line per offending field), 2 a usage error,
 130 interrupted with Ctrl-C.
+
+Text from the server (job output, names, reasons) is printed with its control characters
+escaped (ESC as ``\x1b``: `pollux.terminal`), so a job's output cannot drive the terminal of
+whoever reads it; ``--raw`` prints it as it is.
 
 A setting of a job has one name: the job-file key, which is also the flag with dashes
 (`_SPEC_FLAGS`) and the name errors use. ``pollux-cli completion bash|zsh`` prints a shell
@@ -20,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
@@ -50,6 +54,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 Connect = Callable[[argparse.Namespace], Client]
+T = TypeVar("T")
 
 
 class SpecFlag(NamedTuple):
@@ -260,6 +265,13 @@ def _add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], su
         metavar="SECONDS",
         help="deadline of each call (default 10)",
     )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        default=default(False),
+        help="print job output, names and reasons as they are, control characters and escape "
+        "sequences included (default: escaped visibly, e.g. \\x1b); only for output you trust",
+    )
 
 
 def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
@@ -456,12 +468,19 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 # ---- commands --------------------------------------------------------------------------------
 
 
-def _print(text: str) -> None:
-    print(text, flush=True)
+def _print(args: argparse.Namespace, text: str) -> None:
+    print(fmt.for_terminal(text, raw=args.raw), flush=True)
 
 
-def _emit(args: argparse.Namespace, value: Any, table: Callable[[], str]) -> None:
-    _print(table() if args.output == "table" else fmt.render_data(value, args.output))
+def _emit(args: argparse.Namespace, value: T, table: Callable[[T], str], data: Any = None) -> None:
+    """Print `value` as a table, its strings escaped unless ``--raw``; or as JSON or YAML.
+
+    `data` is what JSON and YAML show when it is not `value` itself.
+    """
+    if args.output == "table":
+        _print(args, table(value if args.raw else fmt.escaped(value)))
+    else:
+        _print(args, fmt.render_data(value if data is None else data, args.output))
 
 
 def _now() -> datetime:
@@ -470,15 +489,15 @@ def _now() -> datetime:
 
 def _submit(args: argparse.Namespace, client: Client) -> int | None:
     job = client.submit(spec_from_args(args), request_id=args.request_id)
-    _emit(args, job, lambda: fmt.submitted_text(job))
+    _emit(args, job, fmt.submitted_text)
     if args.follow or args.wait:
-        return cli_jobs.follow_job(client, job.id, logs=args.follow, history_from=0)
+        return cli_jobs.follow_job(client, job.id, logs=args.follow, history_from=0, raw=args.raw)
     return None
 
 
 def _estimate(args: argparse.Namespace, client: Client) -> None:
     found = client.estimate(spec_from_args(args))
-    _emit(args, found, lambda: fmt.estimate_text(found, _now()))
+    _emit(args, found, lambda f: fmt.estimate_text(f, _now()))
 
 
 def _ls(args: argparse.Namespace, client: Client) -> None:
@@ -495,45 +514,45 @@ def _ls(args: argparse.Namespace, client: Client) -> None:
         )
     )
     jobs = found[:limit]
-    _emit(args, jobs, lambda: fmt.jobs_table(jobs, _now()))
+    _emit(args, jobs, lambda js: fmt.jobs_table(js, _now()))
     if limit is not None and len(found) > limit and args.output == "table":
         print(cli_jobs.more_jobs_hint(limit), file=sys.stderr)
 
 
 def _describe(args: argparse.Namespace, client: Client) -> None:
     job = client.get_job(args.job)
-    _emit(args, job, lambda: fmt.job_details(job, _now()))
+    _emit(args, job, lambda j: fmt.job_details(j, _now()))
 
 
 def _logs(args: argparse.Namespace, client: Client) -> None:
     if args.follow:
         cli_jobs.follow_job(
-            client, args.job, rank=args.rank, tail_lines=args.tail, since=args.since
+            client, args.job, rank=args.rank, tail_lines=args.tail, since=args.since, raw=args.raw
         )
         return
     for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
         for line in chunk.lines:
-            print(line)
+            print(fmt.for_terminal(line, raw=args.raw))
 
 
 def _cancel(args: argparse.Namespace, client: Client) -> None:
     job = client.cancel(args.job, reason=args.reason)
-    _emit(args, job, lambda: f"{job.id}\t{job.state}\tcancel requested")
+    _emit(args, job, lambda j: f"{j.id}\t{j.state}\tcancel requested")
 
 
 def _delete(args: argparse.Namespace, client: Client) -> None:
     client.delete(args.job)
-    _emit(args, {"deleted": args.job}, lambda: f"deleted {args.job}")
+    _emit(args, {"deleted": args.job}, lambda d: f"deleted {d['deleted']}")
 
 
 def _explain(args: argparse.Namespace, client: Client) -> None:
     explanation = client.explain(args.job)
-    _emit(args, explanation, lambda: fmt.explanation_text(explanation))
+    _emit(args, explanation, fmt.explanation_text)
 
 
 def _nodes(args: argparse.Namespace, client: Client) -> None:
     cluster = client.cluster_status()
-    _emit(args, cluster.nodes, lambda: fmt.nodes_table(cluster))
+    _emit(args, cluster, fmt.nodes_table, data=cluster.nodes)
 
 
 def _top(args: argparse.Namespace, client: Client) -> None:
@@ -542,19 +561,19 @@ def _top(args: argparse.Namespace, client: Client) -> None:
     while True:
         cluster = client.cluster_status()
         jobs = list(client.list_jobs(states=active))
-        frame = {"cluster": cluster, "jobs": jobs}
-        text = (
-            fmt.top_text(cluster, jobs, _now())
-            if args.output == "table"
-            else fmt.render_data(frame, args.output)
-        )
+        if args.output == "table":
+            shown = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
+            text = fmt.top_text(*shown, _now())
+        else:
+            text = fmt.render_data({"cluster": cluster, "jobs": jobs}, args.output)
+        text = fmt.for_terminal(text, raw=args.raw)
         # Home the cursor and clear the screen in one write, so the view does not flicker.
-        _print(("\x1b[H\x1b[2J" if clear else "") + text)
+        print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
         if args.once:
             return
         time.sleep(args.interval)
         if not clear and args.output == "table":
-            _print("")
+            print(flush=True)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
@@ -668,7 +687,8 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         with client:
             code = COMMANDS[args.command_name](args, client)
     except PolluxError as error:
-        print("\n".join(error_lines(error, args)), file=sys.stderr)
+        lines = "\n".join(error_lines(error, args))
+        print(fmt.for_terminal(lines, raw=args.raw), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
@@ -19,6 +19,7 @@ from pollux.client.client import Client
 
 Command = Callable[[str, str], argparse.ArgumentParser]
 """Makes a subcommand with the global options: (name, help) → parser."""
+T = TypeVar("T")
 
 
 def _duration(text: str) -> int:
@@ -91,14 +92,22 @@ def _data(message: Message) -> dict[str, Any]:
 
 
 def _emit(args: argparse.Namespace, data: Any, table: Callable[[], str]) -> None:
-    print(table() if args.output == "table" else fmt.render_data(data, args.output), flush=True)
+    """Print `table()` (its cells escaped unless ``--raw``: `_shown`), or `data` as JSON/YAML."""
+    text = table() if args.output == "table" else fmt.render_data(data, args.output)
+    print(fmt.for_terminal(text, raw=args.raw), flush=True)
+
+
+def _shown(args: argparse.Namespace, value: T) -> T:
+    """`value` (messages, lists of them) with every string escaped, unless ``--raw``."""
+    return value if args.raw else fmt.escaped(value)
 
 
 def _whoami(args: argparse.Namespace, client: Client) -> None:
-    me = client.whoami()
+    got = client.whoami()
+    me = _shown(args, got)
     _emit(
         args,
-        _data(me),
+        _data(got),
         lambda: (
             f"{me.name} ({me.role}{', tenant ' + me.tenant if me.tenant else ''}; via {me.via})"
         ),
@@ -106,10 +115,11 @@ def _whoami(args: argparse.Namespace, client: Client) -> None:
 
 
 def _usage(args: argparse.Namespace, client: Client) -> None:
-    rows = client.usage(tenant=args.tenant, user=args.user, since=args.since)
+    got = client.usage(tenant=args.tenant, user=args.user, since=args.since)
+    rows = _shown(args, got)
     _emit(
         args,
-        [_data(r) for r in rows],
+        [_data(r) for r in got],
         lambda: fmt.table(
             ("TENANT", "USER", "GPU-HOURS", "GOODPUT-HOURS"),
             (
@@ -128,16 +138,17 @@ def _usage(args: argparse.Namespace, client: Client) -> None:
 def _admin(args: argparse.Namespace, client: Client) -> None:
     area, action = args.admin_area, args.admin_action
     if area == "token" and action == "create":
-        made = client.create_token(
+        got = client.create_token(
             args.user,
             role=args.role,
             tenant=args.tenant,
             ttl_s=args.ttl,
             description=args.description,
         )
+        made = _shown(args, got)
         _emit(
             args,
-            {"token": _data(made.token), "secret": made.secret},
+            {"token": _data(got.token), "secret": got.secret},
             lambda: (
                 f"token {made.token.id} for {made.token.user} ({made.token.role}); "
                 f"give them this, it is not shown again:\n{made.secret}"
@@ -145,12 +156,13 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         )
     elif area == "token" and action == "revoke":
         client.revoke_token(args.token_id)
-        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {args.token_id}")
+        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {_shown(args, args.token_id)}")
     elif area == "token":
-        tokens = client.list_tokens(args.user)
+        got_tokens = client.list_tokens(args.user)
+        tokens = _shown(args, got_tokens)
         _emit(
             args,
-            [_data(t) for t in tokens],
+            [_data(t) for t in got_tokens],
             lambda: fmt.table(
                 ("ID", "USER", "ROLE", "TENANT", "EXPIRES", "DESCRIPTION"),
                 (
@@ -170,25 +182,28 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         stored = client.put_tenant(
             args.name, guarantee_gpus=args.guarantee, weight=args.weight, cap_gpus=args.cap
         )
-        _emit(args, _data(stored), lambda: f"tenant {stored.name} saved")
+        name = _shown(args, stored.name)
+        _emit(args, _data(stored), lambda: f"tenant {name} saved")
     elif area == "tenant" and action == "rm":
         client.delete_tenant(args.name)
-        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {args.name}")
+        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {_shown(args, args.name)}")
     elif area == "tenant":
-        tenants = client.list_tenants()
+        got_tenants = client.list_tenants()
+        tenants = _shown(args, got_tenants)
         _emit(
             args,
-            [_data(t) for t in tenants],
+            [_data(t) for t in got_tenants],
             lambda: fmt.table(
                 ("NAME", "GUARANTEE", "WEIGHT", "CAP"),
                 ((t.name, t.guarantee_gpus, f"{t.weight:g}", t.cap_gpus or "-") for t in tenants),
             ),
         )
     else:
-        records = client.audit(args.limit)
+        got_records = client.audit(args.limit)
+        records = _shown(args, got_records)
         _emit(
             args,
-            [_data(r) for r in records],
+            [_data(r) for r in got_records],
             lambda: fmt.table(
                 ("TIME", "WHO", "ACTION", "TARGET", "OUTCOME", "FROM"),
                 (

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from pollux.client.client import Client
 from pollux.client.follow import Finished, Line, Marker, exit_code, follow
-from pollux.client.format import plural
+from pollux.client.format import for_terminal, plural
+from pollux.terminal import escape_controls
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -64,12 +65,14 @@ def follow_job(
     history_from: int | None = None,
     tail_lines: int = 0,
     since: datetime | None = None,
+    raw: bool = False,
 ) -> int:
     """Print a job's state changes (and logs) until it ends; returns the result's exit code.
 
-    Log lines go to stdout as they are; markers (state changes, each generation's start)
-    are framed ``==> … <==`` as `tail` frames file names, so they stand out and are easy
-    to filter.
+    Log lines go to stdout as they are but for control characters, which are escaped
+    visibly unless `raw` (tabs and newlines stay); markers (state changes, each generation's
+    start) are framed ``==> … <==`` as `tail` frames file names, so they stand out and are easy
+    to filter, and are one line each (a reason's newlines escaped too, unless `raw`).
     """
     for event in follow(
         client,
@@ -81,9 +84,10 @@ def follow_job(
         since=since,
     ):
         if isinstance(event, Line):
-            print(event.text, flush=True)
+            print(for_terminal(event.text, raw=raw), flush=True)
         elif isinstance(event, Marker):
-            print(f"==> {event.text} <==", flush=True)
+            text = event.text if raw else escape_controls(event.text)
+            print(f"==> {text} <==", flush=True)
         elif isinstance(event, Finished):
             job = event.job
             print(f"==> job {job.id} {job.state} <==", flush=True, file=sys.stdout)

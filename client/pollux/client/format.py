@@ -4,6 +4,11 @@ Pure functions from `pollux.client.types` values to text; the current time comes
 argument so that output is reproducible in tests. JSON and YAML are the dataclasses as nested
 dicts of their fields (tuples as lists, datetimes as ISO-8601 strings), so scripts see exactly
 the public API's names.
+
+Text from the server is someone else's (job output, names, reasons): `escaped` makes every
+string of a value safe to print before it is laid out (`pollux.terminal`), `for_terminal`
+escapes what is printed as a last line of defence, and JSON and YAML write control characters
+as their own escapes, so the data stays the same.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from pollux.client.types import (
     JOB_STATES,
@@ -28,9 +35,51 @@ from pollux.client.types import (
     JobSpec,
     NodeStatus,
 )
+from pollux.terminal import escape_controls
 
 OUTPUT_FORMATS = ("table", "json", "yaml")
 NONE = "-"
+
+T = TypeVar("T")
+
+
+# ---- terminal safety -------------------------------------------------------------------------
+
+
+def escaped(value: T) -> T:
+    """`value` with every string in it (names, reasons, labels, map keys) on one visible line.
+
+    Dataclasses, tuples, lists, mappings and protobuf messages are copied with their strings
+    escaped (`pollux.terminal.escape_controls`); numbers, times and None stay as they are.
+    """
+    result: Any
+    if isinstance(value, str):
+        result = escape_controls(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields_ = dataclasses.fields(value)
+        result = dataclasses.replace(
+            value, **{f.name: escaped(getattr(value, f.name)) for f in fields_ if f.init}
+        )
+    elif isinstance(value, Message):
+        result = json_format.ParseDict(escaped(json_format.MessageToDict(value)), type(value)())
+    elif isinstance(value, Mapping):
+        result = {escaped(k): escaped(v) for k, v in value.items()}
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        result = type(value)(*(escaped(v) for v in value))
+    elif isinstance(value, list | tuple):
+        result = type(value)(escaped(v) for v in value)
+    else:
+        result = value
+    return result  # type: ignore[no-any-return]
+
+
+def for_terminal(text: str, *, raw: bool = False) -> str:
+    """`text` ready to print: control characters escaped but tabs and newlines, unless `raw`."""
+    return text if raw else escape_controls(text, keep_lines=True)
+
+
+def _has_controls(text: str) -> bool:
+    return for_terminal(text) != text
 
 
 # ---- machine-readable ------------------------------------------------------------------------
@@ -53,15 +102,20 @@ def to_data(value: Any) -> Any:
 
 
 def render_json(value: Any) -> str:
-    """Indented JSON of `value`."""
-    return json.dumps(to_data(value), indent=2, ensure_ascii=False)
+    """Indented JSON of `value`; a control character in a string is written as a JSON escape."""
+    data = to_data(value)
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    if _has_controls(text):  # only inside strings: JSON escapes them (and all non-ASCII) then
+        text = json.dumps(data, indent=2).replace("\x7f", "\\u007f")
+    return text
 
 
 def render_yaml(value: Any) -> str:
-    """Block-style YAML of `value`, keys in field order."""
-    text: str = yaml.safe_dump(
-        to_data(value), sort_keys=False, default_flow_style=False, allow_unicode=True
-    )
+    """Block-style YAML of `value`, keys in field order; control characters as YAML escapes."""
+    data = to_data(value)
+    text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    if _has_controls(text):  # PyYAML writes bidi controls and NEL raw unless ASCII-only
+        text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     return text.rstrip("\n")
 
 

@@ -2,13 +2,15 @@
 
 Every state change goes through `transition`, which refuses edges not in the table and appends
 (state, time, reason) to the job's history, so `pollux-cli describe` can say why a job is where
-it is from stored data alone. The history is bounded (the first entry and the latest
-`MAX_RECENT_HISTORY`, each reason at most `MAX_REASON_CHARS`), so a job rescaled every round
-for a year stays a small etcd value.
+it is from stored data alone. A reason may quote a user or a replica's output, so it is stored
+with its control characters escaped (`pollux.terminal`): one line that no terminal acts on.
+The history is bounded (the first entry and the latest `MAX_RECENT_HISTORY`, each reason at
+most `MAX_REASON_CHARS`), so a job rescaled every round for a year stays a small etcd value.
 """
 
 from __future__ import annotations
 
+from pollux.terminal import escape_controls
 from pollux.v1 import types_pb2 as pb
 
 S = pb.JobState
@@ -78,13 +80,13 @@ class IllegalTransition(Exception):
 
 
 def transition(job: pb.Job, target: int, now: float, reason: str) -> None:
-    """Move `job` to `target` in place, recording why; a no-op if it is already there."""
+    """Move `job` to `target` in place, recording why (escaped, clipped); a no-op if it is there."""
     if job.state == target:
         return
     if target not in TRANSITIONS.get(job.state, frozenset()):
         raise IllegalTransition(job.id, job.state, target)
     job.state = target  # type: ignore[assignment]
-    entry = job.history.add(state=target, reason=clipped(reason))
+    entry = job.history.add(state=target, reason=clipped(escape_controls(reason)))
     entry.time.FromNanoseconds(int(now * 1e9))
     _trim_history(job)
     if target in TERMINAL:
