@@ -155,16 +155,20 @@ def test_the_dashboard_shows_the_cluster_and_a_rescaled_jobs_timeline(
         job = client.submit(spec)
 
     def rescaled() -> Any:
+        # Everything the pages are checked for below: two generations with points in the
+        # newest, a prediction from the model, declared progress.
         timeline = api(cluster, f"jobs/{job.id}/timeline")
         points = timeline["timeline"]["points"]
         newest = [p for p in points if p["generation"] == timeline["generations"][-1]]
-        return timeline if len(timeline["generations"]) >= 2 and len(newest) >= 2 else None
+        spans = len(timeline["generations"]) >= 2 and len(newest) >= 2
+        predicted = any(p is not None for p in timeline["predicted_progress"])
+        return timeline if spans and predicted and newest[-1].get("progress", 0) > 0 else None
 
-    timeline = wait_until(rescaled, 60, "the job's timeline to span a rescale")
+    timeline = wait_until(
+        rescaled, 60, "the job's timeline to span a rescale, with predicted and declared progress"
+    )
     restart = timeline["restarts"][0]
     assert restart["gpus_after"] > restart["gpus_before"], restart
-    assert any(p is not None for p in timeline["predicted_progress"]), "the model predicted"
-    assert timeline["timeline"]["points"][-1]["progress"] > 0, "the job declared its progress"
 
     # The job page, signed in by the link pollux-up prints.
     link = cluster.dashboard_link(f"/jobs/{job.id}")

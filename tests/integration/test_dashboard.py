@@ -233,6 +233,9 @@ async def test_timeline_with_restarts_predicted_progress_and_explain(
     secure: Secure, store: Store
 ) -> None:
     alice = await create_token(store, "alice", role="user")
+    # After the term's first round, the job's first record is the placement round that its
+    # submission triggers (explain must find a reason there too).
+    await eventually(lambda: store.latest_decisions(1), 10, "the scheduler's first round")
     job = (
         await secure.jobs(alice).SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="t"))
     ).job
@@ -276,9 +279,20 @@ async def test_timeline_with_restarts_predicted_progress_and_explain(
     # From each generation's first predicted point, + predicted_goodput / M0 per second.
     assert answer["predicted_progress"] == [None, 5.0, 25.0, 40.0, 40.0 + 256 / 32 * 10]
 
-    explain = (await secure.get(f"/api/v1/jobs/{job.id}/explain", alice)).json()
-    assert explain["job"]["id"] == job.id
-    assert explain["decision"]["reason"]  # pending: why
+    # Whenever it is asked, explain says why the job waits: from its state before a round
+    # decided it, then from the latest record (the placement round, with no free GPU here,
+    # then each periodic round's).
+    before = (await secure.get(f"/api/v1/jobs/{job.id}/explain", alice)).json()
+    assert before["job"]["id"] == job.id
+    assert before["decision"]["reason"].startswith("pending: ")
+
+    async def decided() -> Any:
+        answer = (await secure.get(f"/api/v1/jobs/{job.id}/explain", alice)).json()
+        return answer if "round" in answer else None
+
+    explain = await eventually(decided, 10, "a recorded round that decided the job")
+    assert explain["decision"]["job_id"] == job.id
+    assert explain["decision"]["reason"] == "pending: no nodes in the cluster"
     assert "alternatives" in explain
     assert "queue_position" in explain
 

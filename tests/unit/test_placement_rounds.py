@@ -37,11 +37,16 @@ class FirstFit:
         return AllocationDecision(allocations, explain, objective=1.0, memory="new warm start")
 
 
-def snapshot(jobs: list[pb.Job], tenants: list[pb.Tenant] | None = None) -> Snapshot:
+NODES = {"n1": pb.Node(name="n1", gpus=2), "n2": pb.Node(name="n2", gpus=2)}
+
+
+def snapshot(
+    jobs: list[pb.Job], tenants: list[pb.Tenant] | None = None, nodes: dict[str, pb.Node] = NODES
+) -> Snapshot:
     return Snapshot(
         revision=1,
         jobs={j.id: Entry(j, mod_revision=2, create_revision=1) for j in jobs},
-        nodes={"n1": pb.Node(name="n1", gpus=2), "n2": pb.Node(name="n2", gpus=2)},
+        nodes=nodes,
         agents=[],
         models={},
         replicas=[],
@@ -64,9 +69,10 @@ def round_(
     *,
     placement: bool,
     tenants: list[pb.Tenant] | None = None,
+    nodes: dict[str, pb.Node] = NODES,
 ) -> RoundPlan:
     return plan_round(
-        snapshot(jobs, tenants),
+        snapshot(jobs, tenants, nodes),
         policy,
         WARM,
         np.random.default_rng(0),
@@ -112,6 +118,23 @@ def test_a_placement_round_without_new_jobs_or_free_gpus_asks_the_policy_nothing
     assert policy.states == []
     assert plan.jobs == []
     assert plan.decision.placement
+
+
+def test_a_placement_round_without_free_gpus_records_why_each_new_job_waits():
+    # Explain shows the latest record of a job: an empty reason there left `explain` mute
+    # until the next full round (the dashboard test's flake).
+    policy = FirstFit()
+    full = [job("running", nodes=("n1", "n1", "n2", "n2")), job("new")]
+    plan = round_(full, policy, placement=True)
+    assert policy.states == []
+    assert [(d.job_id, d.reason, list(d.nodes)) for d in plan.decision.jobs] == [
+        ("new", "pending: every GPU is held", [])
+    ]
+    empty = round_([job("new")], policy, placement=True, nodes={})
+    assert [(d.job_id, d.reason) for d in empty.decision.jobs] == [
+        ("new", "pending: no nodes in the cluster")
+    ]
+    assert empty.jobs == []
 
 
 def test_with_tenants_an_event_round_is_a_full_one():

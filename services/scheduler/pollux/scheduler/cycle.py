@@ -43,6 +43,7 @@ from pollux.policy.placement import placement_state
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
+    JobExplain,
     JobInfo,
     NodeInfo,
     OracleInfo,
@@ -249,17 +250,22 @@ def _decide(
     """Run the policy; returns its decision and the jobs it planned (None: every job).
 
     A placement round plans the jobs that never ran on the free GPUs and keeps the last full
-    round's warm start in `plan.memory`; with tenants it is a full round.
+    round's warm start in `plan.memory`; with tenants it is a full round. Without a free GPU
+    it asks the policy nothing, and each new job is recorded with the reason it waits.
     """
     if not placement or state.tenants:
         decision = policy.allocate(state, memory, rng)
         plan.memory = decision.memory
         return decision, None
-    state = placement_state(state)
-    planned = {info.name for info in state.jobs}
-    if not (state.jobs and state.nodes):
+    free = placement_state(state)
+    planned = {info.name for info in free.jobs}
+    if not free.nodes:
+        why = "no nodes in the cluster" if not state.nodes else "every GPU is held"
+        waits = JobExplain(0.0, 1.0, f"pending: {why}")
+        return AllocationDecision({}, dict.fromkeys(planned, waits)), planned
+    if not free.jobs:
         return AllocationDecision({}, {}), planned
-    return policy.allocate(state, None, rng), planned
+    return policy.allocate(free, None, rng), planned
 
 
 def _remember(
