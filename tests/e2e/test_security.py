@@ -47,6 +47,11 @@ EXPECTED = {
     "a made-up job credential on ReportMetrics": "UNAUTHENTICATED",
     "secret_env value in the alice GetJob response": "WITHHELD",
     "secret_env value in the alice ListJobs response": "WITHHELD",
+    "`pollux-cli submit --follow` of a job that writes terminal escapes": "ESCAPED",
+    "`pollux-cli logs` of a job that writes terminal escapes": "ESCAPED",
+    "`pollux-cli describe` of a job that writes terminal escapes": "ESCAPED",
+    "`pollux-cli describe --raw` of a job that writes terminal escapes": "ESCAPED",
+    "(control) `pollux-cli logs --raw` of a job that writes terminal escapes": "OK",
     "(control) Store with a service certificate of the cluster CA": "OK",
     "(control) ListReplicas with a service certificate to launcher": "OK",
 }
