@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pollux.client import Client, JobSpec, PolluxError
+from pollux.terminal import escape_controls
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -23,7 +24,9 @@ def follow_demo(
 
     While the job runs, the newest line of rank 0's log (the training script's own progress
     line, e.g. one per epoch) is shown too, whenever it changes. `dashboard` gives the web
-    dashboard's address of a route; the job's page is printed once it is submitted.
+    dashboard's address of a route; the job's page is printed once it is submitted. What the
+    job and the scheduler wrote (its log line, reasons) is printed with control characters
+    escaped, as `pollux-cli` does.
 
     Returns:
         0 if the job succeeded, 1 otherwise.
@@ -53,11 +56,12 @@ def follow_demo(
         if job.state == "RUNNING":
             progress = _last_log_line(client, job.id)
             if progress and progress != last_progress:
-                print(f"[{time.monotonic() - started:6.1f}s]   {progress}", flush=True)
+                shown = escape_controls(progress)
+                print(f"[{time.monotonic() - started:6.1f}s]   {shown}", flush=True)
                 last_progress = progress
         if job.state in TERMINAL:
             for t in job.history:
-                print(f"  {t.state:<10} {t.reason}")
+                print(f"  {t.state:<10} {escape_controls(t.reason)}")
             return 0 if job.state == "SUCCEEDED" else 1
         time.sleep(poll_s)
 
