@@ -152,7 +152,7 @@ class SubmitLimits:
                 raise ResourceExhausted(
                     f"{who} submitted faster than {rate:g} jobs/s after a burst of {burst} "
                     f"({SECTION}.submits_per_s_per_{key[0]}, {SECTION}.submit_burst_per_"
-                    f"{key[0]}): retry in {wait:.1f} s"
+                    f"{key[0]}): retry in {max(wait, 0.1):.1f} s"
                 )
             taken.append(bucket)
 
