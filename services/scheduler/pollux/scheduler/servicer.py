@@ -788,8 +788,8 @@ async def _next(changes: Subscription) -> JobChange:
         return await changes.next()
     except FeedOverflow as error:
         raise Unavailable(
-            f"this watch fell behind the cluster's changes ({error}) and was ended: watch "
-            "again (pollux-cli reconnects by itself)"
+            f"this watch fell behind the cluster's changes ({error}) and was ended: read "
+            "faster, or watch again"
         ) from error
 
 
