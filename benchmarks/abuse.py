@@ -13,8 +13,9 @@ lifts the stream caps so that every one of her streams is open and served.
 
     python benchmarks/abuse.py [--streams 800] [--submits 3000] [--raise-stream-caps]
 
-Targets (docs/architecture.md §9): scheduler RSS peak < 400 MB, 0 leader changes, victor's
-`ls` <= 1 s, and his job placed within two rounds.
+Targets: scheduler RSS peak < 400 MB, 0 leader changes, victor's `ls` <= 1 s, and his job
+placed within two rounds; the process exits 1 unless all are met. Figures: docs/architecture.md
+§9.
 """
 
 from __future__ import annotations
