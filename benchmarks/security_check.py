@@ -21,9 +21,16 @@ What is tried:
 - an agent given a job's valid credential for *another* job's ReportMetrics and GetBatchConfig
   (PERMISSION_DENIED), a made-up credential, none, or a person's token (UNAUTHENTICATED);
 - etcd over TLS with no client certificate and with one from a different CA (refused);
-- secret environment values: SubmitJob, GetJob, ListJobs and WatchJobs show ``<secret>``.
+- secret environment values: SubmitJob, GetJob, ListJobs and WatchJobs show ``<secret>``;
 - a job whose output writes terminal escapes (clear screen, OSC 52, title, link, C1, bidi):
-  `pollux-cli` submit --follow, logs and describe print them as visible text.
+  `pollux-cli` submit --follow, logs and describe print them as visible text;
+- a job named after another user's (deleted) job id: refused at submit (INVALID_ARGUMENT), and
+  logs, describe and cancel by that id reach nothing (NOT_FOUND), never the other's log;
+- a FAILED job's credential on GetBatchConfig and ReportMetrics (UNAUTHENTICATED: it died
+  with its job);
+- one user's open streams past their cap, and submits past their rate (RESOURCE_EXHAUSTED),
+  while another user still streams and submits; a revoked token's open stream (it ends,
+  UNAUTHENTICATED).
 
 With no target it starts its own `LocalCluster(secure=True)` (1 scheduler, 1 agent, 1 node)
 in ``--workdir`` (default: a temporary directory) and stops it afterwards. Against a running
@@ -76,6 +83,12 @@ CALL_TIMEOUT_S = 10.0
 """Per call: a refusal comes at once; a hang is a failure, not a pass."""
 REFUSAL_WAIT_S = 15.0
 """How long a revoked or expiring token may take to be refused (replicas cache tokens 2 s)."""
+JOB_WAIT_S = 60.0
+"""How long a job the check runs may take to finish (it prints a line or exits 3)."""
+MAX_STREAMS_TRIED = 200
+"""Streams one user opens at once, looking for the cap (the default is 32)."""
+MAX_SUBMITS_TRIED = 300
+"""Submits one user sends in a burst, looking for the limit (the default burst is 50)."""
 SECRET = "<secret>"
 OK = "OK"
 
@@ -272,6 +285,11 @@ class Checker:
             await self.secrets(users)
             await self.forged_agent_reports(users)
             await self.terminal_escapes(users)
+            await self.jobs_named_after_ids(users)
+            await self.dead_job_credentials(users)
+            await self.revoked_token_streams()
+            await self.stream_caps(users)
+            await self.submit_caps(users)
         finally:
             await self.clean_up()
             await self.close()
@@ -744,6 +762,218 @@ class Checker:
         if got == "RAW" and written in out:
             got, message = OK, "the job's escapes, printed as written (it did write them)"
         self.record(f"(control) `pollux-cli logs --raw` of {name}", OK, got, message)
+
+    # -- job references, dead credentials, per-user bounds (issue 28) -----------------------
+
+    async def _until(self, token: str, job_id: str, states: set[int]) -> pb.Job | None:
+        """Poll the job until it is in one of `states` (None if it is not within the wait)."""
+        stub = self.jobs(token)
+        deadline = time.monotonic() + JOB_WAIT_S
+        while time.monotonic() < deadline:
+            reply = await stub.GetJob(spb.GetJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
+            if reply.job.state in states:
+                return reply.job  # type: ignore[no-any-return]
+            await asyncio.sleep(0.2)
+        return None
+
+    async def _running(self, token: str, name: str, code: str) -> pb.Job:
+        """A job of `token`'s user running `python -c code`, submitted now."""
+        spec = pb.JobSpec(
+            name=name, command=["python", "-c", code], batch=pb.BatchLimits(initial_batch_size=1)
+        )
+        request = spb.SubmitJobRequest(spec=spec, request_id=f"check-{secrets.token_hex(8)}")
+        reply = await self.jobs(token).SubmitJob(request, timeout=CALL_TIMEOUT_S)
+        self.cleanup_jobs.append(reply.job.id)
+        return reply.job  # type: ignore[no-any-return]
+
+    async def _log_text(self, token: str, reference: str) -> tuple[str, str]:
+        """(status, the lines) of a log read by reference without following."""
+        call = self.jobs(token).StreamLogs(
+            lpb.StreamLogsRequest(job_id=reference), timeout=CALL_TIMEOUT_S
+        )
+        lines: list[str] = []
+        try:
+            async for chunk in call:
+                lines.extend(chunk.lines)
+        except grpc.aio.AioRpcError as error:
+            return _code(error)
+        return OK, "\n".join(lines)
+
+    async def jobs_named_after_ids(self, users: dict[str, str]) -> None:
+        """A job named after another user's job id reaches neither that job nor its log."""
+        secret = f"check-log-{secrets.token_hex(6)}"
+        victim = await self._running(users["alice"], "check-diary", f"print({secret!r})")
+        done = await self._until(users["alice"], victim.id, {pb.JOB_STATE_SUCCEEDED})
+        got, text = await self._log_text(users["alice"], "check-diary")
+        self.record(
+            "(control) alice reads her finished job's log by its name",
+            OK,
+            got if got != OK or secret in text else "WRONG LOG",
+            text[:100] if done is not None else "the job did not finish in time",
+        )
+        await self.jobs(users["alice"]).DeleteJob(
+            spb.DeleteJobRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S
+        )
+        bob = self.jobs(users["bob"])
+        for name in (victim.id[:8], victim.id):
+            # It runs a while: a cluster that accepts it would relay its node's log.
+            spec = pb.JobSpec(
+                name=name,
+                command=["python", "-c", "import time; time.sleep(60)"],
+                batch=pb.BatchLimits(initial_batch_size=1),
+            )
+            request = spb.SubmitJobRequest(spec=spec, request_id=f"check-{secrets.token_hex(8)}")
+            reply = await self.expect(
+                f"bob submits a job named {'after' if name == victim.id else 'a prefix of'} "
+                "alice's job id",
+                "INVALID_ARGUMENT",
+                bob.SubmitJob(request, timeout=CALL_TIMEOUT_S),
+            )
+            if reply is not None:
+                self.cleanup_jobs.append(reply.job.id)
+                if name == victim.id:
+                    await self._until(users["bob"], reply.job.id, {pb.JOB_STATE_RUNNING})
+        got, text = await self._log_text(users["bob"], victim.id)
+        self.record(
+            "bob reads logs by alice's (deleted) job id",
+            "NOT_FOUND",
+            "LEAKED" if secret in text else got,
+            text[:100] if got == OK else text,
+        )
+        await self.expect(
+            "bob describes by alice's (deleted) job id",
+            "NOT_FOUND",
+            bob.GetJob(spb.GetJobRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S),
+        )
+        await self.expect(
+            "bob cancels by alice's (deleted) job id",
+            "NOT_FOUND",
+            bob.CancelJob(spb.CancelJobRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S),
+        )
+
+    async def dead_job_credentials(self, users: dict[str, str]) -> None:
+        """A FAILED job's credential gets no batch configuration and no report in."""
+        job = await self._running(users["alice"], "check-failing", "raise SystemExit(3)")
+        failed = await self._until(users["alice"], job.id, {pb.JOB_STATE_FAILED})
+        tls = TlsFiles(self.t.pki_dir / "ca.pem", self.service.cert, self.service.key)
+        store = await Store.connect(self.t.etcd, self.t.etcd_root, tls=tls)
+        try:
+            key = await JobKeyring(store).key()
+        finally:
+            await store.close()
+        credential = auth.job_credential(key, job.id)
+        report = agpb.ReportMetricsRequest(
+            job_id=job.id,
+            generation=1,
+            seq=1,
+            observations=[
+                pb.StepObservation(
+                    num_nodes=1,
+                    num_replicas=1,
+                    local_batch_size=1,
+                    accum_steps=1,
+                    accum_step_time_s=0.1,
+                    optim_step_time_s=0.1,
+                    count=1,
+                )
+            ],
+            gradient=pb.GradientStats(sqr=1.0, var=1.0),
+        )
+        batch = agpb.GetBatchConfigRequest(job_id=job.id, num_nodes=1, num_replicas=1)
+        state = "FAILED" if failed is not None else "not FAILED in time"
+        for address in self.t.agents:
+            stub = agpb_grpc.AgentServiceStub(self.channel(address, token=credential))
+            await self.expect(
+                f"a {state} job's credential on GetBatchConfig at agent {address}",
+                "UNAUTHENTICATED",
+                stub.GetBatchConfig(batch, timeout=CALL_TIMEOUT_S),
+            )
+            await self.expect(
+                f"a {state} job's credential on ReportMetrics at agent {address}",
+                "UNAUTHENTICATED",
+                stub.ReportMetrics(report, timeout=CALL_TIMEOUT_S),
+            )
+
+    async def revoked_token_streams(self) -> None:
+        """A token revoked while its stream is open ends that stream."""
+        admin = self.admin(self.t.admin_token)
+        made = await admin.CreateToken(
+            apb.CreateTokenRequest(user=f"check-erin-{self.suffix}"), timeout=CALL_TIMEOUT_S
+        )
+        self.cleanup_tokens.append(made.token.id)
+        job = await self._submit(made.secret, "check-erin")
+        call = self.jobs(made.secret).WatchJobs(
+            spb.WatchJobsRequest(job_id=job.id), timeout=REFUSAL_WAIT_S * 4
+        )
+        await call.read()
+        await admin.RevokeToken(
+            apb.RevokeTokenRequest(token_id=made.token.id), timeout=CALL_TIMEOUT_S
+        )
+        got, message = "OPEN", f"still streaming {REFUSAL_WAIT_S:.0f} s after the revocation"
+        try:
+            async with asyncio.timeout(REFUSAL_WAIT_S):
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            got, message = OK, "the stream ended without a status"
+        except grpc.aio.AioRpcError as error:
+            got, message = _code(error)
+        except TimeoutError:
+            call.cancel()
+        self.record("a stream open while its token is revoked", "UNAUTHENTICATED", got, message)
+
+    async def stream_caps(self, users: dict[str, str]) -> None:
+        """One user's open streams hit a cap; another user still streams meanwhile."""
+        own = await self._submit(users["bob"], "check-streams")
+        bob = self.jobs(users["bob"])
+        calls: list[Any] = []
+        got, message = "OPEN", f"{MAX_STREAMS_TRIED} streams opened, none refused"
+        try:
+            for _ in range(MAX_STREAMS_TRIED):
+                call = bob.WatchJobs(
+                    spb.WatchJobsRequest(job_id=own.id), timeout=CALL_TIMEOUT_S * 6
+                )
+                calls.append(call)
+                try:
+                    await call.read()
+                except grpc.aio.AioRpcError as error:
+                    got, message = _code(error)
+                    break
+            others = self.jobs(users["alice"]).WatchJobs(
+                spb.WatchJobsRequest(), timeout=CALL_TIMEOUT_S
+            )
+            await self.expect_stream(
+                "(control) alice opens a stream while bob holds his cap", OK, others
+            )
+        finally:
+            for call in calls:
+                call.cancel()
+        self.record(f"bob opens stream {len(calls)} at once", "RESOURCE_EXHAUSTED", got, message)
+
+    async def submit_caps(self, users: dict[str, str]) -> None:
+        """One user's flood of submits is refused past their rate; another user submits."""
+        got, message, sent = "ACCEPTED", f"{MAX_SUBMITS_TRIED} submits accepted", 0
+        while got == "ACCEPTED" and sent < MAX_SUBMITS_TRIED:
+            sent += 1
+            try:
+                await self._submit(users["bob"], "check-flood")
+            except grpc.aio.AioRpcError as error:
+                got, message = _code(error)
+        self.record(f"bob's submit {sent} in a burst", "RESOURCE_EXHAUSTED", got, message)
+        await self.expect(
+            "(control) alice submits while bob is refused",
+            OK,
+            self.jobs(users["alice"]).SubmitJob(
+                spb.SubmitJobRequest(
+                    spec=pb.JobSpec(
+                        name="check-after-flood",
+                        command=["python", "-c", "pass"],
+                        batch=pb.BatchLimits(initial_batch_size=1),
+                    ),
+                    request_id=f"check-{secrets.token_hex(8)}",
+                ),
+                timeout=CALL_TIMEOUT_S,
+            ),
+        )
 
     async def clean_up(self) -> None:
         """Cancel the jobs and revoke the tokens this check made (best effort)."""

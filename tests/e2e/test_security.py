@@ -18,7 +18,7 @@ import pytest
 from benchmarks.security_check import Attempt, Target, report, run_checks
 from pollux.service.local_cluster import LocalCluster
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)
 
 EXPECTED = {
     "plaintext ListJobs to scheduler": "UNAVAILABLE",
@@ -54,6 +54,20 @@ EXPECTED = {
     "(control) `pollux-cli logs --raw` of a job that writes terminal escapes": "OK",
     "(control) Store with a service certificate of the cluster CA": "OK",
     "(control) ListReplicas with a service certificate to launcher": "OK",
+    # Issue 28: one resolution of a job reference, dead job credentials, per-user bounds.
+    "bob submits a job named after alice's job id": "INVALID_ARGUMENT",
+    "bob submits a job named a prefix of alice's job id": "INVALID_ARGUMENT",
+    "bob reads logs by alice's (deleted) job id": "NOT_FOUND",
+    "bob describes by alice's (deleted) job id": "NOT_FOUND",
+    "bob cancels by alice's (deleted) job id": "NOT_FOUND",
+    "(control) alice reads her finished job's log by its name": "OK",
+    "a FAILED job's credential on GetBatchConfig": "UNAUTHENTICATED",
+    "a FAILED job's credential on ReportMetrics": "UNAUTHENTICATED",
+    "a stream open while its token is revoked": "UNAUTHENTICATED",
+    "bob opens stream": "RESOURCE_EXHAUSTED",
+    "(control) alice opens a stream while bob holds his cap": "OK",
+    "bob's submit": "RESOURCE_EXHAUSTED",
+    "(control) alice submits while bob is refused": "OK",
 }
 """Each attempt the issue asks for (by the start of its name) and the answer it must get."""
 

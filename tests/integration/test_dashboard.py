@@ -182,13 +182,15 @@ async def test_users_see_their_own_jobs_and_admins_all(secure: Secure, store: St
     alice = await create_token(store, "alice", role="user")
     bob = await create_token(store, "bob", role="user")
     older = (
-        await secure.jobs(alice).SubmitJob(spb.SubmitJobRequest(spec=spec("a"), request_id="a1"))
+        await secure.jobs(alice).SubmitJob(
+            spb.SubmitJobRequest(spec=spec("alpha"), request_id="a1")
+        )
     ).job
     newer = (
-        await secure.jobs(alice).SubmitJob(spb.SubmitJobRequest(spec=spec("b"), request_id="a2"))
+        await secure.jobs(alice).SubmitJob(spb.SubmitJobRequest(spec=spec("beta"), request_id="a2"))
     ).job
     bobs = (
-        await secure.jobs(bob).SubmitJob(spb.SubmitJobRequest(spec=spec("a"), request_id="b1"))
+        await secure.jobs(bob).SubmitJob(spb.SubmitJobRequest(spec=spec("alpha"), request_id="b1"))
     ).job
 
     mine = (await secure.get("/api/v1/jobs", alice)).json()

@@ -45,6 +45,7 @@ ROWS: dict[str, tuple[str, frozenset[str]]] = {
     "etcd maintenance": ('job=~"$scheduler"', frozenset({"scheduler"})),
     "Audit": (EVERY_JOB, frozenset(SERVICES)),
     "Processes": (EVERY_JOB, frozenset(SERVICES)),
+    "Stream limits": ('job=~"$scheduler"', frozenset({"scheduler"})),
 }
 GRAFANA_VARIABLES = frozenset({"__rate_interval", "__interval", "__range", "__interval_ms"})
 

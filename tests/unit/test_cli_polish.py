@@ -409,7 +409,7 @@ def test_values_the_server_would_refuse_are_refused_here(
     changes: dict[str, Any], key: str, want: str
 ) -> None:
     with pytest.raises(JobSpecError) as caught:
-        JobSpec.from_mapping({"name": "a", "command": ["x"], "initial_batch_size": 8, **changes})
+        JobSpec.from_mapping({"name": "job", "command": ["x"], "initial_batch_size": 8, **changes})
     problems = dict(caught.value.violations)
     assert key in problems, problems
     assert want in problems[key]
@@ -435,7 +435,7 @@ SERVER_REFUSES = [
 @pytest.mark.parametrize("changes", SERVER_REFUSES)
 def test_the_client_finds_every_field_the_server_refuses(changes: dict[str, Any]) -> None:
     """The client's value checks cover the scheduler's validation (services/scheduler)."""
-    fields = {"name": "a", "command": ("x",), "initial_batch_size": 8, **changes}
+    fields = {"name": "job", "command": ("x",), "initial_batch_size": 8, **changes}
     with pytest.raises(InvalidArgument) as server:
         validate_submit(spec_to_proto(JobSpec(**fields)), "req-1", has_spec=True)
     with pytest.raises(JobSpecError) as client:

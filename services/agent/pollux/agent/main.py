@@ -19,7 +19,7 @@ from pollux.agent.servicer import SERVICE_NAME, AgentServicer
 from pollux.service.app import ServiceApp, Servicer
 from pollux.service.auth import Authenticator
 from pollux.service.entry import Flag, ServiceSpec, run_service
-from pollux.service.job_credentials import JobKeyring
+from pollux.service.job_credentials import JobKeyring, JobLiveness
 from pollux.service.server import ServiceHost
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2_grpc as api_grpc
@@ -41,13 +41,15 @@ class AgentApp(ServiceApp):
         servicer = Servicer(
             api_grpc.add_AgentServiceServicer_to_server, AgentServicer(self.agent), SERVICE_NAME
         )
-        # Replicas have no certificates: they prove their job with a job credential.
+        # Replicas have no certificates: they prove their job with a job credential, which
+        # dies with its job.
         keyring = JobKeyring(store)
+        liveness = JobLiveness(store)
         host = ServiceHost.for_config(
             "agent",
             config.server,
             tls=store.tls,
-            authenticator=Authenticator(job_key=keyring.key),
+            authenticator=Authenticator(job_key=keyring.key, job_ended=liveness.ended),
             insecure=config.tls.insecure,
         )
         super().__init__(host, config.server, self.agent, [servicer], agent_id=config.agent_id)

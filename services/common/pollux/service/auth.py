@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -185,10 +185,23 @@ def certificate_principal(context: grpc.aio.ServicerContext[Any, Any]) -> Princi
     return Principal(identity.name, identity.role, via="certificate")
 
 
-TokenVerifier = Callable[[str], Awaitable[Principal]]
-"""Checks a person's token (scheduler replicas only); raises Unauthenticated."""
+class TokenVerifier(Protocol):
+    """Checks a person's token (scheduler replicas only); raises Unauthenticated.
+
+    `max_age_s` bounds how old a cached token record may be (None: the verifier's own cache
+    time): an open stream re-proves its token with a fresher bound (pollux.service.rpc).
+    """
+
+    def __call__(self, text: str, *, max_age_s: float | None = None) -> Awaitable[Principal]:
+        """The principal `text` proves."""
+        ...
+
+
 JobKey = Callable[[], Awaitable[bytes]]
 """The cluster's job-credential key (services that accept job credentials)."""
+JobEnded = Callable[[str], Awaitable[str | None]]
+"""Why a job's credential no longer holds (its job ended or was deleted), or None while the
+job is live: a job credential dies with its job."""
 
 
 class Authenticator:
@@ -197,6 +210,8 @@ class Authenticator:
     Args:
         tokens: Verifies API tokens; None on services that accept none (launcher, agent).
         job_key: The job-credential key; None on services that accept no job credentials.
+        job_ended: Why a job's credential no longer holds (None: it holds); given where job
+            credentials are accepted, so a finished or deleted job's credential is refused.
         roles: The roles that may call this service at all (None: any).
     """
 
@@ -205,10 +220,12 @@ class Authenticator:
         *,
         tokens: TokenVerifier | None = None,
         job_key: JobKey | None = None,
+        job_ended: JobEnded | None = None,
         roles: tuple[str, ...] | None = None,
     ) -> None:
         self._tokens = tokens
         self._job_key = job_key
+        self._job_ended = job_ended
         self._roles = roles
         self._hint = (
             HOW_TO_AUTHENTICATE
@@ -218,19 +235,28 @@ class Authenticator:
             else HOW_SERVICES_AUTHENTICATE
         )
 
-    async def authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+    async def authenticate(
+        self, context: grpc.aio.ServicerContext[Any, Any], *, max_age_s: float | None = None
+    ) -> Principal:
         """The caller, proved by its certificate or bearer credential, if its role may call.
 
+        Args:
+            context: The call.
+            max_age_s: Trust no cached token record older than this (None: the cache time).
+
         Raises:
-            Unauthenticated: No credential, or one that is not valid here.
+            Unauthenticated: No credential, or one that is not valid here (a token revoked
+                or expired, a job credential whose job has ended).
             PermissionDenied: A valid identity whose role may not call this service.
         """
-        principal = await self._prove(context)
+        principal = await self._prove(context, max_age_s)
         if self._roles is not None:
             require_role(principal, self._roles, "calling this service")
         return principal
 
-    async def _prove(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+    async def _prove(
+        self, context: grpc.aio.ServicerContext[Any, Any], max_age_s: float | None
+    ) -> Principal:
         by_certificate = certificate_principal(context)
         credential = bearer(context)
         if credential is None:
@@ -241,9 +267,15 @@ class Authenticator:
             job_id = job_of_credential(await self._job_key(), credential)
             if job_id is None:
                 raise Unauthenticated("the job credential is not valid for any job")
+            if self._job_ended is not None:
+                ended = await self._job_ended(job_id)
+                if ended is not None:
+                    raise Unauthenticated(
+                        f"the credential of job {job_id} died with its job: the job {ended}"
+                    )
             return Principal(job_id, JOB, via="job-credential")
         if credential.startswith(TOKEN_PREFIX) and self._tokens is not None:
-            return await self._tokens(credential)
+            return await self._tokens(credential, max_age_s=max_age_s)
         raise Unauthenticated(f"this service does not accept that kind of credential: {self._hint}")
 
 

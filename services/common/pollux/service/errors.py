@@ -107,6 +107,15 @@ class PermissionDenied(ServiceError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class ResourceExhausted(ServiceError):
+    """The caller is over one of its limits (streams, pending jobs, submit rate).
+
+    The message names the limit, its value and the setting that configures it.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class Violations:
     """Collects every problem of a request before any is reported."""
 

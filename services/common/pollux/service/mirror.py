@@ -8,8 +8,11 @@ changed, not what exists.
 
 Only the *active* part is kept in full: jobs in a non-terminal state (with the models and
 replica statuses of those jobs), nodes and agents. Every job, finished or not, is also in a
-small index (`JobSummary`: creation time, id, state, name, labels) in creation order, which
-ClusterStatus counts and ListJobs pages through, fetching only the records of the page.
+small index (`JobSummary`: creation time, id, state, name, labels, owner, tenant) in creation
+order, also by owner, which ClusterStatus counts, ListJobs pages through (fetching only the
+records of the page) and SubmitJob's queue limits count PENDING jobs in. Every job change is
+also published, decoded once, to the mirror's `JobFeed`, which fans it out to WatchJobs streams
+(pollux.service.feed): one watch per replica, however many streams.
 
 Freshness. A mirror lags etcd by a watch delivery (milliseconds). Rounds stay correct anyway:
 every job write is conditional on the mod revision the mirror holds, so a stale record makes
@@ -32,6 +35,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 from google.protobuf.message import Message
 
+from pollux.service.feed import JobChange, JobFeed
 from pollux.service.keys import Kind
 from pollux.service.store import (
     Entry,
@@ -59,17 +63,31 @@ class JobSummary:
     name: str
     labels: tuple[tuple[str, str], ...]
     owner: str = ""
+    tenant: str = ""
+    revision: int = 0
+    """The mod revision of the record summarised (0: not known)."""
 
     @classmethod
-    def of(cls, job: pb.Job) -> JobSummary:
-        """The summary of a job record."""
+    def of(cls, job: pb.Job, revision: int = 0) -> JobSummary:
+        """The summary of a job record (written at `revision`)."""
         return cls(
             (job.create_time.ToNanoseconds(), job.id),
             int(job.state),
             job.spec.name,
             tuple(sorted(job.spec.labels.items())),
             job.owner,
+            job.tenant,
+            revision,
         )
+
+    def stub(self) -> pb.Job:
+        """What the summary knows of the job, as a record (a deleted job's last word)."""
+        state = pb.JobState.Name(self.state)
+        job = pb.Job(id=self.order[1], owner=self.owner, tenant=self.tenant, state=state)
+        job.spec.name = self.name
+        job.spec.labels.update(dict(self.labels))
+        job.create_time.FromNanoseconds(self.order[0])
+        return job
 
     def matches(
         self, states: set[int], name_prefix: str, labels: dict[str, str], owner: str | None = None
@@ -104,6 +122,16 @@ def named(summaries: Iterable[JobSummary], text: str, owner: str | None) -> list
     return []
 
 
+Indexed = tuple[tuple[int, str], bytes]
+"""(order, key) of a job: what the mirror's indexes hold, sorted."""
+
+
+def _remove(index: list[Indexed], item: Indexed) -> None:
+    at = bisect.bisect_left(index, item)
+    if at < len(index) and index[at] == item:
+        del index[at]
+
+
 TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
 RELIST_DELAY_S = 1.0
 """Pause before re-listing a prefix whose watch failed (etcd unreachable, compacted)."""
@@ -118,15 +146,15 @@ class PrefixMirror(Generic[M]):
         cls: Its message type.
         keep: Which values are kept in full.
         on_change: Called after each applied change (a round trigger).
-        on_seen: Called with (key, value) for every value listed or changed, kept or not,
-            and (key, None) for a delete: the jobs index.
+        on_seen: Called with (key, value, revision) for every value listed or changed, kept
+            or not, and (key, None, revision) for a delete: the jobs index and feed.
     """
 
     kind: Kind
     cls: type[M]
     keep: Callable[[M], bool] = lambda _: True
     on_change: Callable[[bytes], None] | None = None
-    on_seen: Callable[[bytes, M | None], None] | None = None
+    on_seen: Callable[[bytes, M | None, int], None] | None = None
     entries: dict[bytes, Entry[M]] = field(default_factory=dict)
     revision: int = 0
     """The highest etcd revision applied (the list's, then each event's)."""
@@ -167,10 +195,10 @@ class PrefixMirror(Generic[M]):
                 if self.keep(entry.value):
                     entries[entry.key] = entry
                 if self.on_seen is not None:
-                    self.on_seen(entry.key, entry.value)
+                    self.on_seen(entry.key, entry.value, entry.mod_revision)
         if self.on_seen is not None:  # keys gone while the watch was down
             for key in self._listed - seen:
-                self.on_seen(key, None)
+                self.on_seen(key, None, revision)
         self._listed = seen
         self._replace(entries, revision)
         return revision
@@ -187,7 +215,7 @@ class PrefixMirror(Generic[M]):
             self.entries.pop(event.key, None)
             self._listed.discard(event.key)
             if self.on_seen is not None:
-                self.on_seen(event.key, None)
+                self.on_seen(event.key, None, event.revision)
         else:
             try:
                 value = decode(self.cls, event.value, event.key)
@@ -202,7 +230,7 @@ class PrefixMirror(Generic[M]):
                 self.entries.pop(event.key, None)
             self._listed.add(event.key)
             if self.on_seen is not None:
-                self.on_seen(event.key, value)
+                self.on_seen(event.key, value, event.revision)
         self._advance(event.revision)
         if self.on_change is not None:
             self.on_change(event.key)
@@ -246,8 +274,14 @@ class ClusterMirror:
         """Every job by key, summarised (`JobSummary`)."""
         self._order: list[tuple[tuple[int, str], bytes]] = []
         """(order, key) of every job, sorted: ListJobs' index."""
+        self._owned: dict[str, list[tuple[tuple[int, str], bytes]]] = {}
+        """The same per owner: a user's listings and watches walk only their own jobs."""
         self._counts: Counter[int] = Counter()
         """Jobs per state, kept as summaries change (ClusterStatus)."""
+        self._pending: Counter[tuple[str, str]] = Counter()
+        """PENDING jobs per ("owner", name) and ("tenant", name) (SubmitJob's limits)."""
+        self.feed = JobFeed()
+        """Every job change, fanned out to WatchJobs streams (pollux.service.feed)."""
         self.jobs: PrefixMirror[pb.Job] = PrefixMirror(
             Kind.JOBS,
             pb.Job,
@@ -280,18 +314,48 @@ class ClusterMirror:
         if self._on_change is not None:
             self._on_change()
 
-    def _summarise(self, key: bytes, job: pb.Job | None) -> None:
+    def _summarise(self, key: bytes, job: pb.Job | None, revision: int) -> None:
         old = self.summaries.pop(key, None)
         if old is not None:
             self._counts[old.state] -= 1
-            at = bisect.bisect_left(self._order, (old.order, key))
-            if at < len(self._order) and self._order[at] == (old.order, key):
-                del self._order[at]
+            _remove(self._order, (old.order, key))
+            owned = self._owned.get(old.owner)
+            if owned is not None:
+                _remove(owned, (old.order, key))
+                if not owned:
+                    del self._owned[old.owner]
+            if old.state == pb.JOB_STATE_PENDING:
+                self._pending[("owner", old.owner)] -= 1
+                self._pending[("tenant", old.tenant)] -= 1
         if job is not None:
-            summary = JobSummary.of(job)
+            summary = JobSummary.of(job, revision)
             self.summaries[key] = summary
             self._counts[summary.state] += 1
             bisect.insort(self._order, (summary.order, key))
+            bisect.insort(self._owned.setdefault(summary.owner, []), (summary.order, key))
+            if summary.state == pb.JOB_STATE_PENDING:
+                self._pending[("owner", summary.owner)] += 1
+                self._pending[("tenant", summary.tenant)] += 1
+        if job is not None:
+            if old is None or old.revision != revision:  # not the same record listed again
+                self.feed.publish(JobChange(key, job, revision))
+        elif old is not None:
+            self.feed.publish(JobChange(key, old.stub(), revision, deleted=True))
+
+    def listing(self, owner: str | None) -> tuple[list[bytes], int]:
+        """The keys of every job (or `owner`'s) in creation order, and the revision applied.
+
+        Taken with no await in between, so a feed subscription made just before it receives
+        every change after that revision.
+        """
+        index = self._order if owner is None else self._owned.get(owner, [])
+        return [key for _, key in index], self.jobs.revision
+
+    def pending(self, *, owner: str | None = None, tenant: str | None = None) -> int:
+        """PENDING jobs of an owner, or of a tenant's users ("" is the default tenant)."""
+        if owner is not None:
+            return self._pending[("owner", owner)]
+        return self._pending[("tenant", tenant or "")]
 
     def page(
         self,
@@ -310,12 +374,13 @@ class ClusterMirror:
         with `newest_first` the walk goes from the newest job backwards.
         """
         walk: Iterable[tuple[tuple[int, str], bytes]]
+        index = self._order if owner is None else self._owned.get(owner, [])
         if newest_first:
-            end = len(self._order) if after is None else bisect.bisect_left(self._order, (after,))
-            walk = (self._order[i] for i in range(end - 1, -1, -1))
+            end = len(index) if after is None else bisect.bisect_left(index, (after,))
+            walk = (index[i] for i in range(end - 1, -1, -1))
         else:
-            start = 0 if after is None else bisect.bisect_right(self._order, (after, b"\xff"))
-            walk = itertools.islice(self._order, start, None)
+            start = 0 if after is None else bisect.bisect_right(index, (after, b"\xff"))
+            walk = itertools.islice(index, start, None)
         keys: list[bytes] = []
         for _, key in walk:
             if self.summaries[key].matches(states, name_prefix, labels, owner):
@@ -326,7 +391,9 @@ class ClusterMirror:
 
     def named(self, text: str, owner: str | None = None) -> list[JobSummary]:
         """The jobs `text` can mean (module function `named`), newest first."""
-        return named(self.summaries.values(), text, owner)
+        if owner is None:
+            return named(self.summaries.values(), text, owner)
+        return named((self.summaries[k] for _, k in self._owned.get(owner, ())), text, owner)
 
     async def start(self) -> None:
         """Start following etcd; returns once every prefix is listed."""

@@ -12,7 +12,10 @@ or log plumbing themselves. For each call of a `pollux.*` service it
 - emits one canonical ``rpc`` line with the method, status code, duration and whatever the
   handler added with `annotate`, at info for outcomes the caller caused (OK, bad or missing
   input) and warning (error, with the traceback, for INTERNAL) otherwise;
-- observes ``pollux_rpc_seconds{service, method, code}``.
+- observes ``pollux_rpc_seconds{service, method, code}``;
+- for a server stream: admits it through the host's `StreamGate` (pollux.service.streams),
+  and re-proves the caller's credential every `STREAM_RECHECK_S` while it is open, so a
+  revoked or expired token ends its streams within the token cache time.
 
 Health checks and reflection pass through unobserved: probes every few seconds would drown the
 log, and they carry no work.
@@ -34,7 +37,8 @@ import structlog
 
 from pollux.service import auth
 from pollux.service.audit import AuditLog
-from pollux.service.errors import InvalidArgument, abort, status_of
+from pollux.service.errors import InvalidArgument, Unauthenticated, abort, status_of
+from pollux.service.streams import StreamGate
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +62,12 @@ CALLER_CODES = frozenset(
     }
 )
 """Outcomes the caller caused: logged at info. Anything else is the service's problem."""
+
+STREAM_RECHECK_S = 0.5
+"""How often an open stream's credential is proved again."""
+STREAM_CREDENTIAL_AGE_S = 1.5
+"""Oldest token record a re-check may trust (a token is cached up to 2 s): a revoked or
+expired token ends its open streams within this plus `STREAM_RECHECK_S`, 2 s."""
 
 MAX_ID_CHARS = 64
 """Request ids bound into the log context are cut to this length (input is not yet validated)."""
@@ -196,10 +206,70 @@ class _Call:
 
 
 Authenticate = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[auth.Principal]]
+Recheck = Callable[[], Awaitable[None]]
 
 
 async def _nobody(context: grpc.aio.ServicerContext[Any, Any]) -> auth.Principal:
     return auth.LOCAL
+
+
+def _recheck(
+    authenticator: auth.Authenticator | None,
+    context: grpc.aio.ServicerContext[Any, Any],
+    admitted: auth.Principal,
+) -> Recheck | None:
+    """Proves a stream's caller again, as who it was admitted as (None: nothing to prove)."""
+    if authenticator is None or admitted is auth.LOCAL:
+        return None
+
+    async def again() -> None:
+        now = await authenticator.authenticate(context, max_age_s=STREAM_CREDENTIAL_AGE_S)
+        if (now.name, now.role) != (admitted.name, admitted.role):
+            raise Unauthenticated(
+                f"the credential of this stream now proves {now.name} ({now.role}), not "
+                f"{admitted.name} ({admitted.role}): open the stream again"
+            )
+
+    return again
+
+
+async def _rechecked(items: AsyncIterator[Any], recheck: Recheck | None) -> AsyncIterator[Any]:
+    """`items`, with `recheck` awaited every `STREAM_RECHECK_S`, also while none comes.
+
+    A failed re-check (it raises) ends the stream with its error; the producer is cancelled.
+    """
+    if recheck is None:
+        async for item in items:
+            yield item
+        return
+    loop = asyncio.get_running_loop()
+    due = loop.time() + STREAM_RECHECK_S
+    waiting: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            if waiting is None:
+                waiting = asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({waiting}, timeout=max(0.0, due - loop.time()))
+            if loop.time() >= due:
+                await recheck()
+                due = loop.time() + STREAM_RECHECK_S
+            if not done:
+                continue
+            finished, waiting = waiting, None
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
+        closing = getattr(items, "aclose", None)
+        if closing is not None:
+            with contextlib.suppress(Exception):
+                await closing()
 
 
 class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -211,12 +281,17 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """
 
     def __init__(
-        self, authenticator: auth.Authenticator | None = None, audit: AuditLog | None = None
+        self,
+        authenticator: auth.Authenticator | None = None,
+        audit: AuditLog | None = None,
+        streams: StreamGate | None = None,
     ) -> None:
+        self._authenticator = authenticator
         self._authenticate: Authenticate = (
             authenticator.authenticate if authenticator is not None else _nobody
         )
         self._audit = audit
+        self._streams = streams
 
     async def intercept_service(
         self,
@@ -238,7 +313,15 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _stream(short, method, handler.unary_stream, self._authenticate, self._audit),
+                _stream(
+                    short,
+                    method,
+                    handler.unary_stream,
+                    self._authenticate,
+                    self._audit,
+                    self._authenticator,
+                    self._streams,
+                ),
                 request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -302,6 +385,8 @@ def _stream(
     inner: Callable[..., Any],
     authenticate: Authenticate,
     audit: AuditLog | None,
+    authenticator: auth.Authenticator | None = None,
+    streams: StreamGate | None = None,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def observed(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
@@ -314,12 +399,18 @@ def _stream(
             with structlog.contextvars.bound_contextvars(rpc=method, **call.ids):
                 try:
                     bound = await _admit(call, request, context, authenticate)
-                    if inspect.isasyncgenfunction(inner):
-                        async for item in inner(request, context):
-                            sent += 1
-                            yield item
-                    else:  # a coroutine that writes with context.write
-                        await inner(request, context)
+                    with (
+                        streams.admit(call.principal, method)
+                        if streams is not None
+                        else contextlib.nullcontext()
+                    ):
+                        if inspect.isasyncgenfunction(inner):
+                            recheck = _recheck(authenticator, context, call.principal)
+                            async for item in _rechecked(inner(request, context), recheck):
+                                sent += 1
+                                yield item
+                        else:  # a coroutine that writes with context.write
+                            await inner(request, context)
                 except BaseException as error:
                     call.line["messages"] = sent
                     await call.fail(context, error)

@@ -27,6 +27,7 @@ from pollux.service.audit import AuditLog
 from pollux.service.auth import Authenticator
 from pollux.service.config import ConfigError, ServerConfig
 from pollux.service.rpc import RpcObserver
+from pollux.service.streams import StreamGate
 from pollux.service.tls import TlsFiles, is_loopback
 
 log = structlog.get_logger(__name__)
@@ -43,6 +44,7 @@ class ServiceHost:
         authenticator: Proves callers (required with `tls`).
         require_client_certificate: Refuse connections without a certificate of our CA.
         insecure: Allow plaintext on a non-loopback address.
+        streams: Caps on the open server streams of its callers (None: none).
 
     Raises:
         ConfigError: Plaintext on a non-loopback address without `insecure`.
@@ -59,6 +61,7 @@ class ServiceHost:
         require_client_certificate: bool = False,
         insecure: bool = False,
         audit: AuditLog | None = None,
+        streams: StreamGate | None = None,
     ) -> None:
         self.name = name
         self.listen = listen
@@ -79,7 +82,7 @@ class ServiceHost:
         if tls is not None and authenticator is None:
             raise ValueError("a TLS host authenticates its callers: pass an authenticator")
         self.server = grpc.aio.server(
-            interceptors=[RpcObserver(authenticator if tls is not None else None, audit)],
+            interceptors=[RpcObserver(authenticator if tls is not None else None, audit, streams)],
             options=[("grpc.so_reuseport", 0)],
         )
         self.health = health.aio.HealthServicer()
@@ -100,6 +103,7 @@ class ServiceHost:
         require_client_certificate: bool = False,
         insecure: bool = False,
         audit: AuditLog | None = None,
+        streams: StreamGate | None = None,
     ) -> ServiceHost:
         """The host of a service's `[server]` settings."""
         return cls(
@@ -111,6 +115,7 @@ class ServiceHost:
             require_client_certificate=require_client_certificate,
             insecure=insecure,
             audit=audit,
+            streams=streams,
         )
 
     async def start(self, register: Callable[[grpc.aio.Server], Sequence[str]]) -> int:

@@ -872,6 +872,13 @@ class Store:
                     return existing.value, False
         raise StoreError(f"could not store job {job.id}: repeated conflicts")
 
+    async def job_of_request(self, request_id: str) -> Entry[pb.Job] | None:
+        """The job a submit with `request_id` created, if one did and it still exists."""
+        response = await self._call("Range", rpc.RangeRequest(key=self.keys.request(request_id)))
+        if not response.kvs:
+            return None
+        return await self.get_job(bytes(response.kvs[0].value).decode())
+
     async def update_job(self, job: pb.Job, *, expected: int, fence: Fence | None = None) -> int:
         """Replace a job record read at mod revision `expected`; returns the new revision."""
         key = self.keys.job(job.id)

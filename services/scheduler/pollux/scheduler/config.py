@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from pollux.scheduler.limits import LimitsConfig
 from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 from pollux.service.maintenance import MaintenanceSettings
 
@@ -175,6 +176,9 @@ class SchedulerConfig:
     """Authentication of people."""
     maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
     """etcd compaction, defragmentation and NOSPACE recovery (pollux.service.maintenance)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """What one principal, tenant and replica may hold: streams, PENDING jobs, submit rate
+    (pollux.scheduler.limits)."""
     dashboard_listen: str = ""
     """host:port of the read-only web dashboard (pollux.scheduler.dashboard; port 0: a free
     one); empty: none. HTTPS with API tokens when TLS is on, like the gRPC port; without TLS

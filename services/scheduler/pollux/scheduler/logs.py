@@ -77,10 +77,17 @@ class LauncherLogs:
     async def stream(
         self, job: pb.Job, request: lpb.StreamLogsRequest
     ) -> AsyncIterator[lpb.StreamLogsResponse]:
-        """The launcher's stream of that replica's log."""
-        address = await self._address(job, request.rank, request.min_generation)
+        """The launcher's stream of that replica's log.
+
+        The launcher is asked for `job`'s id whatever `request.job_id` says: a caller's job
+        reference (a name, a prefix) is resolved once, by the scheduler, and never forwarded.
+        """
+        forwarded = lpb.StreamLogsRequest()
+        forwarded.CopyFrom(request)
+        forwarded.job_id = job.id
+        address = await self._address(job, forwarded.rank, forwarded.min_generation)
         async with self._channel(address) as channel:
-            call = lpb_grpc.LauncherServiceStub(channel).StreamLogs(request)
+            call = lpb_grpc.LauncherServiceStub(channel).StreamLogs(forwarded)
             try:
                 async for response in call:
                     yield response

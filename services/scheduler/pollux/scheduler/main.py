@@ -29,9 +29,11 @@ from pollux.service.app import ServiceApp, Servicer
 from pollux.service.audit import AuditLog
 from pollux.service.auth import Authenticator
 from pollux.service.entry import Flag, ServiceSpec, run_service
+from pollux.service.logging import LOG_HEALTH
 from pollux.service.maintenance import EtcdMaintainer
 from pollux.service.server import ServiceHost
 from pollux.service.store import Store, cancel_and_wait
+from pollux.service.streams import StreamGate
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import admin_service_pb2_grpc as apb_grpc
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -112,6 +114,14 @@ class SchedulerApp(ServiceApp):
         tokens = TokenBook(store)
         self.audit = AuditLog(store, ACTIONS)
         authenticator = Authenticator(tokens=tokens.verify)
+        limits = config.limits
+        self.streams = StreamGate(
+            limits.streams_per_principal,
+            limits.streams_per_replica,
+            principal_setting="limits.streams_per_principal",
+            total_setting="limits.streams_per_replica",
+        )
+        """The caps on open WatchJobs and StreamLogs streams (pollux.scheduler.limits)."""
         host = ServiceHost.for_config(
             "scheduler",
             config.server,
@@ -120,6 +130,7 @@ class SchedulerApp(ServiceApp):
             require_client_certificate=config.auth.client_certificates,
             insecure=config.tls.insecure,
             audit=self.audit,
+            streams=self.streams,
         )
         campaign = Campaign(store, config, host)
         self.scheduler = campaign.scheduler
@@ -136,11 +147,12 @@ class SchedulerApp(ServiceApp):
             config.id,
             self.scheduler.trigger,
             lambda: self.scheduler.last_round,
-            warnings=campaign.maintainer.warnings,
+            warnings=lambda: [*campaign.maintainer.warnings(), *LOG_HEALTH.warnings()],
             mirror=self.scheduler.mirror,
             policy=self.scheduler.policy,
             forecaster=self.forecaster,
             seed_profiles=scheduling.seed_profiles,
+            limits=limits,
         )
         self.dashboard = (
             Dashboard(

@@ -5,15 +5,21 @@ leadership needed: a new job is a create-if-absent on its request id, a cancel s
 an optimistic-concurrency check); the leader acts on them in its next round, which each write
 triggers. Responses carry the current leader's id and address in trailing metadata
 (`pollux-leader-id`, `pollux-leader-address`) so clients learn it.
+
+A job reference (id, unique id prefix or name) is resolved once per call (`_job`), ownership
+is checked on the job it resolved to, and only that job's id goes further (to etcd, to a
+launcher). Submits are bounded per user and tenant (pollux.scheduler.limits); WatchJobs streams
+are served from the replica's mirror and its one feed of job changes, never an etcd watch each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -28,6 +34,7 @@ from pollux.scheduler.explain import counterfactual, objective_text
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
+from pollux.scheduler.limits import LimitsConfig, SubmitLimits
 from pollux.scheduler.logs import LauncherLogs
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service import auth
@@ -36,12 +43,15 @@ from pollux.service.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
     shown,
 )
-from pollux.service.keys import Kind
+from pollux.service.feed import FeedOverflow, JobChange, Subscription
 from pollux.service.mirror import ClusterMirror, JobSummary, named
+from pollux.service.rpc import annotate
 from pollux.service.seeding import seeded
-from pollux.service.store import Conflict, Entry, Snapshot, Store, decode
+from pollux.service.store import Conflict, Entry, Snapshot, Store
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -58,6 +68,10 @@ MAX_REASON = 500
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 """A ListJobs page ends before this many bytes of jobs (gRPC's default limit is 4 MiB): a
 page holds `page_size` jobs or fewer, and always at least one."""
+WATCH_READ = 100
+"""Job records a WatchJobs stream reads from etcd at a time while it lists."""
+MIRROR_WAIT_S = 10.0
+"""How long a stream waits for a starting replica's mirror before answering UNAVAILABLE."""
 
 
 def _page_token(job: pb.Job) -> str:
@@ -93,6 +107,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             when there is no forecaster.
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
         seed_profiles: Whether submissions are seeded from earlier runs.
+        limits: The per-user and per-tenant queue and submit-rate limits.
     """
 
     def __init__(
@@ -108,8 +123,14 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         policy: Policy | None = None,
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.store = store
+        self.submits = SubmitLimits(limits or LimitsConfig(), time.monotonic)
+        """Queue and rate checks of people's submits (admins are not limited)."""
+        self._submitting: dict[str, tuple[asyncio.Lock, int]] = {}
+        """A lock per tenant: its users' limited submits are checked and written one at a
+        time, so concurrent submits cannot all pass the same count."""
         self.policy: Policy = policy if policy is not None else PolluxPolicy()
         """The replica's scheduling policy (see Args)."""
         self.params = self.policy.params if isinstance(self.policy, PolluxPolicy) else None
@@ -149,6 +170,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         if entry is None:
             entry = await self._named(job_id)
         check_job(auth.current(), entry.value, action)
+        if entry.value.id != job_id:
+            annotate(resolved_job_id=entry.value.id)
         return entry.value, entry.mod_revision
 
     async def _named(self, text: str) -> Entry[pb.Job]:
@@ -204,6 +227,49 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         caller = auth.current()
         check_person(caller, "SubmitJob")
         validate_submit(request.spec, request.request_id, request.HasField("spec"))
+        if caller.is_admin:
+            return await self._submit(request, context, caller)
+        with self._tenant_lock(caller.tenant):
+            async with self._submitting[caller.tenant][0]:
+                try:
+                    self._check_limits(caller)
+                except ResourceExhausted:
+                    earlier = await self.store.job_of_request(request.request_id)
+                    if earlier is None or earlier.value.owner != caller.name:
+                        raise
+                    # A retry of a submit that was accepted: answer it as before.
+                return await self._submit(request, context, caller)
+
+    def _check_limits(self, caller: auth.Principal) -> None:
+        """Refuse a person's submit past their or their tenant's PENDING or rate limit."""
+        mirror = self.mirror
+        if mirror is not None and mirror.ready:
+            self.submits.check_queue(
+                caller.name,
+                caller.tenant,
+                mirror.pending(owner=caller.name),
+                mirror.pending(tenant=caller.tenant),
+            )
+        self.submits.take(caller.name, caller.tenant)
+
+    @contextlib.contextmanager
+    def _tenant_lock(self, tenant: str) -> Iterator[None]:
+        """Keep `self._submitting[tenant]` while the block uses it; dropped when unused."""
+        lock, users = self._submitting.get(tenant, (asyncio.Lock(), 0))
+        self._submitting[tenant] = (lock, users + 1)
+        try:
+            yield
+        finally:
+            lock, users = self._submitting[tenant]
+            if users == 1:
+                del self._submitting[tenant]
+            else:
+                self._submitting[tenant] = (lock, users - 1)
+
+    async def _submit(
+        self, request: spb.SubmitJobRequest, context: Context, caller: auth.Principal
+    ) -> spb.SubmitJobResponse:
+        """Create the job of a validated, admitted submit (or find the request's earlier one)."""
         now = self.clock()
         job = pb.Job(
             id=f"j-{uuid.uuid4().hex[:10]}",
@@ -225,6 +291,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             )
         if created:
             self.on_change()
+            mirror = self.mirror
+            if mirror is not None and not caller.is_admin:
+                # The next limited submit counts this job (the tenant's lock is held).
+                await mirror.jobs.wait_for(self.store.jobs_written, 2.0)
         log.info(
             "job_submitted",
             job_id=stored.id,
@@ -410,57 +480,85 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def WatchJobs(
         self, request: spb.WatchJobsRequest, context: Context
     ) -> AsyncIterator[spb.WatchJobsResponse]:
-        """Current jobs, then every change (a user's own jobs only)."""
+        """Current jobs, then every change (a user's own jobs only).
+
+        From the replica's mirror: the stream subscribes to its feed of job changes, takes the
+        keys of the jobs it may see from the mirror's index (a user's from their own index:
+        no other user's job is read), reads those records, then relays the changes.
+        """
         caller = auth.current()
         check_person(caller, "WatchJobs")
-        owner = owner_filter(caller)
         if request.job_id:
             async for response in self._watch_one(request.job_id):
                 yield response
             return
-        entries, revision = await self.store.list_jobs()
-        last: dict[bytes, pb.Job] = {}
-        for entry in sorted(entries, key=lambda e: _order(e.value)):
-            if owner is not None and entry.value.owner != owner:
-                continue
-            last[self.store.keys.job(entry.value.id)] = entry.value
-            yield spb.WatchJobsResponse(job=redacted(entry.value))
-        async for event in self.store.watch(
-            self.store.keys.prefix(Kind.JOBS), start_revision=revision + 1
-        ):
-            if event.value is None:
-                if event.key not in last and owner is not None:
-                    continue  # not a job this caller saw
-                previous = last.pop(event.key, pb.Job(id=event.key.decode().rsplit("/", 1)[-1]))
-                yield spb.WatchJobsResponse(job=redacted(previous), deleted=True)
-                continue
-            job = decode(pb.Job, event.value, event.key)
-            if owner is not None and job.owner != owner:
-                continue
-            last[event.key] = job
-            yield spb.WatchJobsResponse(job=redacted(job))
+        owner = owner_filter(caller)
+        mirror = await self._live_mirror()
+        with mirror.feed.subscribe(owner=owner) as changes:
+            keys, listed_at = mirror.listing(owner)
+            recent: dict[bytes, int] = {}
+            """Listed records written after the listing's revision: the feed repeats them."""
+            gone: set[bytes] = set()
+            """Listed keys deleted before their read: the feed's delete is not news."""
+            for start in range(0, len(keys), WATCH_READ):
+                batch = keys[start : start + WATCH_READ]
+                for key, entry in zip(batch, await self.store.get_many(batch, pb.Job), strict=True):
+                    if entry is None:
+                        gone.add(key)
+                        continue
+                    if entry.mod_revision > listed_at:
+                        recent[key] = entry.mod_revision
+                    yield spb.WatchJobsResponse(job=redacted(entry.value))
+            while True:
+                change = await _next(changes)
+                sent = recent.pop(change.key, 0)
+                if change.revision <= sent:
+                    recent[change.key] = sent
+                    continue
+                if change.deleted and change.key in gone:
+                    continue
+                yield spb.WatchJobsResponse(job=redacted(change.job), deleted=change.deleted)
 
     async def _watch_one(self, reference: str) -> AsyncIterator[spb.WatchJobsResponse]:
         """One job (id, prefix or name), then each change, until it is deleted.
 
-        Read with its key alone (a ranged read of the one key gives the store revision to
-        watch from), so following a job costs the same at any number of jobs.
+        Its record is read by key and its changes come from the replica's feed, so following
+        a job costs the same at any number of jobs and streams.
         """
         job, _ = await self._job(reference, "WatchJobs")
+        mirror = await self._live_mirror()
         key = self.store.keys.job(job.id)
-        entries, revision = await self.store.scan(key, pb.Job)
-        current = next((e.value for e in entries if e.value.id == job.id), None)
-        if current is None:
-            raise NotFound(f"job {job.id} not found (deleted)")
-        yield spb.WatchJobsResponse(job=redacted(current))
-        async for event in self.store.watch(key, start_revision=revision + 1):
-            if event.key != key:
-                continue
-            if event.value is None:
-                yield spb.WatchJobsResponse(job=redacted(current), deleted=True)
-                return
-            current = decode(pb.Job, event.value, event.key)
+        with mirror.feed.subscribe(key=key) as changes:
+            entry = await self.store.get_job(job.id)
+            if entry is None:
+                raise NotFound(f"job {job.id} not found (deleted)")
+            current, seen = entry.value, entry.mod_revision
             yield spb.WatchJobsResponse(job=redacted(current))
+            while True:
+                change = await _next(changes)
+                if change.revision <= seen:
+                    continue
+                if change.deleted:
+                    yield spb.WatchJobsResponse(job=redacted(current), deleted=True)
+                    return
+                current, seen = change.job, change.revision
+                yield spb.WatchJobsResponse(job=redacted(current))
+
+    async def _live_mirror(self) -> ClusterMirror:
+        """The replica's mirror, listed and holding this replica's job writes.
+
+        Raises:
+            Unavailable: The replica has no mirror, or it is still listing etcd.
+        """
+        mirror = self.mirror
+        if mirror is None:
+            raise Unavailable("this replica serves no watches (it mirrors no state): use another")
+        try:
+            await asyncio.wait_for(mirror.jobs.ready.wait(), MIRROR_WAIT_S)
+        except TimeoutError as error:
+            raise Unavailable("this replica is still loading the cluster state: retry") from error
+        await mirror.jobs.wait_for(self.store.jobs_written, 2.0)
+        return mirror
 
     async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
         """The job, its part of the latest decision that included it, its model."""
@@ -665,7 +763,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def StreamLogs(
         self, request: lpb.StreamLogsRequest, context: Context
     ) -> AsyncIterator[lpb.StreamLogsResponse]:
-        """A replica's log, relayed from its launcher (pollux.scheduler.logs)."""
+        """A replica's log, relayed from its launcher (pollux.scheduler.logs).
+
+        The launcher is asked for the resolved job's id, never for the reference as given.
+        """
         job, _ = await self._job(request.job_id, "StreamLogs")
         async for response in self.logs.stream(job, request):
             yield response
@@ -679,6 +780,17 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         timeline = entry.value if entry is not None else pb.JobTimeline()
         timeline.job_id = job.id
         return spb.GetJobTimelineResponse(timeline=timeline)
+
+
+async def _next(changes: Subscription) -> JobChange:
+    """The next change of a stream's subscription; a stream too slow for it ends."""
+    try:
+        return await changes.next()
+    except FeedOverflow as error:
+        raise Unavailable(
+            f"this watch fell behind the cluster's changes ({error}) and was ended: read "
+            "faster, or watch again"
+        ) from error
 
 
 _GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)

@@ -17,6 +17,9 @@ from pollux.service.errors import Violations, shown
 from pollux.v1 import types_pb2 as pb
 
 NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+ID_LIKE_NAME = re.compile(r"j-[0-9a-f]{0,10}|[0-9a-f]{1,10}")
+"""Names a job reference would read as a job id or id prefix (ids are ``j-`` + 10 hex digits;
+a reference matches ids and id prefixes, with or without ``j-``, before names)."""
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,63}")
@@ -86,6 +89,13 @@ def validate_submit(spec: pb.JobSpec, request_id: str, has_spec: bool) -> None:
         NAME.fullmatch(spec.name) is not None,
         "spec.name",
         f"{shown(spec.name)} must be 1-63 characters of [a-z0-9-] starting with a letter",
+    )
+    v.check(
+        ID_LIKE_NAME.fullmatch(spec.name) is None,
+        "spec.name",
+        f"{shown(spec.name)} reads as a job id or id prefix (ids are j- and 10 hex digits), "
+        "and a job reference means an id before a name: pick a name with a letter beyond f "
+        f"or more than 10 characters (e.g. run-{spec.name})",
     )
     _validate_command(spec, v)
     _validate_env(spec, v)

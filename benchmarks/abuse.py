@@ -1,0 +1,387 @@
+"""One user tries to jam a secure local cluster: 800 open streams and 3,000 submits.
+
+A real `LocalCluster` (etcd with client certificates, two scheduler replicas, an agent, two
+launchers; every port TLS with tokens, as `pollux-up` starts it) gets two users of one tenant.
+`mallory`, from a separate process (so her load does not slow the measuring client down), opens
+`--streams` streams at the leading replica (three quarters WatchJobs, a quarter StreamLogs
+following a job of hers) and sends `--submits` submits of short jobs with 64 at a time. While
+she does, this process samples every scheduler's resident memory, the leader, and the latency of
+`victor`'s `ls` (ListJobs newest first, one screen, as `pollux-cli ls` asks); once her submits
+are done (her streams still open), victor submits a job and the rounds until it is placed are
+counted. The cluster's limits (pollux.scheduler.limits) are the defaults; `--raise-stream-caps`
+lifts the stream caps so that every one of her streams is open and served.
+
+    python benchmarks/abuse.py [--streams 800] [--submits 3000] [--raise-stream-caps]
+
+Targets: scheduler RSS peak < 400 MB, 0 leader changes, victor's `ls` <= 1 s, and his job
+placed within two rounds; the process exits 1 unless all are met. Figures: docs/architecture.md
+§9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from pollux.service.local_cluster import LocalCluster
+from pollux.v1 import admin_service_pb2 as apb
+from pollux.v1 import admin_service_pb2_grpc as apb_grpc
+from pollux.v1 import launcher_service_pb2 as lpb
+from pollux.v1 import scheduler_service_pb2 as spb
+from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
+from pollux.v1 import types_pb2 as pb
+
+TENANT = ""
+"""Both users are in the default tenant (the same tenant: its caps are shared)."""
+LS_PAGE = 21
+"""What `pollux-cli ls` asks for on a 24-line terminal (a screen and one more)."""
+CONCURRENT_SUBMITS = 64
+PLACED = {pb.JOB_STATE_ALLOCATED, pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED}
+
+
+def _spec(name: str, seconds: float) -> pb.JobSpec:
+    return pb.JobSpec(
+        name=name,
+        command=["python", "-c", f"import time; time.sleep({seconds})"],
+        batch=pb.BatchLimits(initial_batch_size=8),
+    )
+
+
+def _channel(address: str, ca: bytes, token: str) -> grpc.aio.Channel:
+    credentials = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials(ca), grpc.access_token_call_credentials(token)
+    )
+    return grpc.aio.secure_channel(
+        address, credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+# -- mallory, in her own process ---------------------------------------------------------------
+
+
+@dataclass
+class Attack:
+    """What mallory's process reports back."""
+
+    streams_open: int = 0
+    streams_refused: Counter[str] = field(default_factory=Counter)
+    submits_accepted: int = 0
+    submits_refused: Counter[str] = field(default_factory=Counter)
+    submit_seconds: float = 0.0
+    refusal: str = ""
+
+
+async def _attack(
+    address: str, ca: bytes, token: str, plan: tuple[int, int, float], done: Any, close: Any
+) -> Attack:
+    """Mallory's streams, then her submits; `done` once submitted, streams kept to `close`."""
+    streams, submits, job_s = plan
+    out = Attack()
+    # One channel per 100 streams: a channel's HTTP/2 connection takes 100 streams at a time.
+    channels = [_channel(address, ca, token) for _ in range(max(1, streams // 100 + 1))]
+    stubs = [spb_grpc.SchedulerServiceStub(c) for c in channels]
+    anchor = await stubs[0].SubmitJob(
+        spb.SubmitJobRequest(spec=_spec("mallory-anchor", 3600), request_id=uuid.uuid4().hex)
+    )
+    running = {pb.JOB_STATE_RUNNING}  # its replica runs: its log can be followed
+    while (await stubs[0].GetJob(spb.GetJobRequest(job_id=anchor.job.id))).job.state not in running:
+        await asyncio.sleep(0.2)
+    calls: list[Any] = []
+
+    async def open_one(i: int) -> None:
+        stub = stubs[i % len(stubs)]
+        if i % 4 == 3:
+            call = stub.StreamLogs(lpb.StreamLogsRequest(job_id=anchor.job.id, follow=True))
+        else:
+            call = stub.WatchJobs(spb.WatchJobsRequest())
+        calls.append(call)
+        try:
+            await call.read()
+            out.streams_open += 1
+        except grpc.aio.AioRpcError as error:
+            out.streams_refused[error.code().name] += 1
+            out.refusal = out.refusal or str(error.details())
+
+    await asyncio.gather(*(open_one(i) for i in range(streams)))
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(submits):
+        queue.put_nowait(i)
+
+    async def submitter() -> None:
+        stub = stubs[0]
+        while not queue.empty():
+            queue.get_nowait()
+            request = spb.SubmitJobRequest(
+                spec=_spec("mallory-flood", job_s), request_id=uuid.uuid4().hex
+            )
+            try:
+                await stub.SubmitJob(request, timeout=30)
+                out.submits_accepted += 1
+            except grpc.aio.AioRpcError as error:
+                out.submits_refused[error.code().name] += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(submitter() for _ in range(CONCURRENT_SUBMITS)))
+    out.submit_seconds = time.perf_counter() - started
+    done.set()  # victor submits now; mallory's streams stay open until told to close
+    while not close.is_set():
+        await asyncio.sleep(0.2)
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        await channel.close()
+    return out
+
+
+def _mallory(
+    address: str,
+    ca: bytes,
+    token: str,
+    plan: tuple[int, int, float],
+    done: Any,
+    close: Any,
+    pipe: Any,
+) -> None:
+    """Mallory's process: the attack, its report sent through `pipe`."""
+    pipe.send(asyncio.run(_attack(address, ca, token, plan, done, close)))
+
+
+# -- the cluster and the measurements ----------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, MB (from /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Sampler:
+    """Samples the schedulers' RSS every 0.1 s in a thread."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.peak = dict.fromkeys(pids, 0.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.pids.items():
+                with contextlib.suppress(OSError):
+                    self.peak[name] = max(self.peak[name], rss_mb(pid))
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Watch:
+    """Leader ids and victor's ls latencies seen while mallory attacks."""
+
+    leaders: list[str] = field(default_factory=list)
+    ls_s: list[float] = field(default_factory=list)
+    ls_errors: Counter[str] = field(default_factory=Counter)
+    status_errors: int = 0
+
+
+async def _watch(
+    addresses: list[str], ca: bytes, admin: str, victor: str, stop: asyncio.Event
+) -> Watch:
+    out = Watch()
+    admins = [spb_grpc.SchedulerServiceStub(_channel(a, ca, admin)) for a in addresses]
+    mine = [spb_grpc.SchedulerServiceStub(_channel(a, ca, victor)) for a in addresses]
+    turn = 0
+    while not stop.is_set():
+        turn += 1
+        try:
+            status = await admins[turn % len(admins)].ClusterStatus(
+                spb.ClusterStatusRequest(), timeout=5
+            )
+            if not out.leaders or out.leaders[-1] != status.leader_id:
+                out.leaders.append(status.leader_id)
+        except grpc.aio.AioRpcError:
+            out.status_errors += 1
+        started = time.perf_counter()
+        try:
+            await mine[turn % len(mine)].ListJobs(
+                spb.ListJobsRequest(page_size=LS_PAGE, newest_first=True), timeout=30
+            )
+            out.ls_s.append(time.perf_counter() - started)
+        except grpc.aio.AioRpcError as error:
+            out.ls_errors[error.code().name] += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return out
+
+
+async def _victims_job(
+    address: str, ca: bytes, admin: str, victor: str
+) -> tuple[int, float, int, int]:
+    """Victor's submit: rounds and seconds until his job holds a GPU, its queue position.
+
+    The position (and the queue's length) is Explain's, right after the submit.
+    """
+    jobs = spb_grpc.SchedulerServiceStub(_channel(address, ca, victor))
+    status = spb_grpc.SchedulerServiceStub(_channel(address, ca, admin))
+    first = (await status.ClusterStatus(spb.ClusterStatusRequest(), timeout=10)).last_round
+    started = time.perf_counter()
+    reply = await jobs.SubmitJob(
+        spb.SubmitJobRequest(spec=_spec("victor-train", 5), request_id=uuid.uuid4().hex),
+        timeout=10,
+    )
+    queued = await jobs.Explain(spb.ExplainRequest(job_id=reply.job.id), timeout=10)
+    position, pending = queued.queue_position, queued.pending_jobs
+    deadline = started + 600
+    while time.perf_counter() < deadline:
+        job = (await jobs.GetJob(spb.GetJobRequest(job_id=reply.job.id), timeout=10)).job
+        if job.state in PLACED:
+            now = (await status.ClusterStatus(spb.ClusterStatusRequest(), timeout=10)).last_round
+            return now - first, time.perf_counter() - started, position, pending
+        await asyncio.sleep(0.1)
+    return -1, time.perf_counter() - started, position, pending
+
+
+async def _tokens(address: str, ca: bytes, admin: str) -> dict[str, str]:
+    stub = apb_grpc.AdminServiceStub(_channel(address, ca, admin))
+    made = {}
+    for user in ("mallory", "victor"):
+        reply = await stub.CreateToken(apb.CreateTokenRequest(user=user, tenant=TENANT), timeout=10)
+        made[user] = reply.secret
+    return made
+
+
+async def _leader_address(addresses: list[str], ca: bytes, admin: str) -> str:
+    stub = spb_grpc.SchedulerServiceStub(_channel(addresses[0], ca, admin))
+    while True:
+        status = await stub.ClusterStatus(spb.ClusterStatusRequest(), timeout=10)
+        if status.leader_address:
+            return str(status.leader_address)
+        await asyncio.sleep(0.2)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    if args.raise_stream_caps:
+        os.environ["POLLUX_SCHEDULER_LIMITS__STREAMS_PER_PRINCIPAL"] = str(args.streams + 10)
+        os.environ["POLLUX_SCHEDULER_LIMITS__STREAMS_PER_REPLICA"] = str(args.streams + 100)
+    cluster = LocalCluster(
+        workdir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus,
+        schedulers=2,
+        agents=1,
+        interval_s=args.interval,
+        secure=True,
+        dashboard=False,
+    )
+    with cluster:
+        assert cluster.admin_token is not None
+        assert cluster.ca_file is not None
+        ca, admin = cluster.ca_file.read_bytes(), cluster.admin_token
+        addresses = cluster.scheduler_addresses
+        tokens = asyncio.run(_tokens(addresses[0], ca, admin))
+        leader = asyncio.run(_leader_address(addresses, ca, admin))
+        pids = {n: p.process.pid for n, p in cluster.procs.items() if n.startswith("scheduler")}
+        before = {n: rss_mb(pid) for n, pid in pids.items()}
+        context = multiprocessing.get_context("spawn")
+        done, close = context.Event(), context.Event()
+        receive, send = context.Pipe(duplex=False)
+        plan = (args.streams, args.submits, args.job_s)
+        mallory = context.Process(
+            target=_mallory, args=(leader, ca, tokens["mallory"], plan, done, close, send)
+        )
+
+        async def measure() -> tuple[Watch, tuple[int, float, int, int]]:
+            stop = asyncio.Event()
+            watching = asyncio.create_task(_watch(addresses, ca, admin, tokens["victor"], stop))
+            while not done.is_set():
+                await asyncio.sleep(0.2)
+            placed = await _victims_job(leader, ca, admin, tokens["victor"])
+            close.set()
+            stop.set()
+            return await watching, placed
+
+        started = time.perf_counter()
+        with Sampler(pids) as sampler:
+            mallory.start()
+            watch, (rounds, seconds, position, pending) = asyncio.run(measure())
+            attack: Attack = receive.recv()
+            mallory.join(60)
+        elapsed = time.perf_counter() - started
+    changes = max(0, len([x for x in watch.leaders if x]) - 1)
+    peak = max(sampler.peak.values())
+    ls_max = max(watch.ls_s) if watch.ls_s else float("nan")
+    caps = "raised" if args.raise_stream_caps else "default"
+    print(
+        f"cluster: 2 schedulers, {args.nodes} nodes x {args.gpus} slots, "
+        f"interval {args.interval} s; stream caps {caps}; {elapsed:.0f} s"
+    )
+    print(
+        f"mallory streams: {attack.streams_open} open, refused {dict(attack.streams_refused)}"
+        + (f" ({attack.refusal[:120]})" if attack.refusal else "")
+    )
+    print(
+        f"mallory submits: {attack.submits_accepted} accepted, refused "
+        f"{dict(attack.submits_refused)} in {attack.submit_seconds:.1f} s"
+    )
+    for name in sorted(pids):
+        print(f"{name} RSS: {before[name]:.0f} MB before, peak {sampler.peak[name]:.0f} MB")
+    print(f"scheduler RSS peak: {peak:.0f} MB (target < 400)")
+    print(f"leader changes: {changes} (target 0; ClusterStatus errors {watch.status_errors})")
+    ls_median = statistics.median(watch.ls_s) if watch.ls_s else float("nan")
+    print(
+        f"victor's ls: median {ls_median:.3f} s, "
+        f"max {ls_max:.3f} s over {len(watch.ls_s)} (target <= 1 s; errors {dict(watch.ls_errors)})"
+    )
+    within = 0 <= rounds <= 2
+    print(f"victor's job queued at position {position} of {pending} pending jobs")
+    print(
+        f"victor's job placed after {rounds} rounds, {seconds:.1f} s "
+        f"(target within two rounds: {'yes' if within else 'no'})"
+    )
+    ok = peak < 400 and changes == 0 and ls_max <= 1.0 and within
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=800)
+    parser.add_argument("--submits", type=int, default=3000)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--gpus", type=int, default=2, help="CPU slots per node")
+    parser.add_argument("--interval", type=float, default=5.0, help="scheduling interval, s")
+    parser.add_argument(
+        "--job-s", type=float, default=3.0, help="seconds each of mallory's jobs runs"
+    )
+    parser.add_argument("--raise-stream-caps", action="store_true")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-abuse-"))
+    return run(args, workdir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
