@@ -167,7 +167,7 @@ async def test_a_job_reads_nothing_of_another_job_nor_the_launchers_keys(
         "refused:home",
         "refused:launcher-key.pem",
     ], lines
-    assert not any("s3cret" in line or "secret-output" in line or "KEY" == line for line in lines)
+    assert not any("s3cret" in line or "secret-output" in line or line == "KEY" for line in lines)
 
 
 async def test_a_refused_job_fails_with_what_to_fix_and_nothing_is_created(
