@@ -17,8 +17,8 @@ renamed, and removal is `shutil.rmtree`, which does not follow links.
 
 Retention. The launcher's sweep (`expired`) removes a job's directories from a root once the
 job is over — no allocation, no live replica on the node, and its record finished (or gone) —
-and ``file_retention_s`` has passed since the later of its finish and the directory's last
-change. A checkpoint root shared by several nodes is swept by each of them; whichever comes
+and ``file_retention_s`` has passed since it finished (its record says when), or since the
+directory last changed when the record is gone. A checkpoint root shared by several nodes is swept by each of them; whichever comes
 first removes the directory and the others find it gone (the finish time comes from etcd, the
 same for all). Before a launcher gives a uid to a job it removes what any other job left under
 that uid in its roots (`reclaim`): uids are reused once released, files never are.
@@ -81,7 +81,7 @@ def expired(
         known = jobs.get(job_id, Finished(live=False, gone=True))
         if known.live or (known.finish_time is None and not known.gone):
             continue
-        since = max(changed, known.finish_time or 0.0)
+        since = changed if known.finish_time is None else known.finish_time
         if now - since >= retention_s:
             out.append(job_id)
     return out
