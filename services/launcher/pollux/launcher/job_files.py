@@ -18,10 +18,11 @@ renamed, and removal is `shutil.rmtree`, which does not follow links.
 Retention. The launcher's sweep (`expired`) removes a job's directories from a root once the
 job is over — no allocation, no live replica on the node, and its record finished (or gone) —
 and ``file_retention_s`` has passed since it finished (its record says when), or since the
-directory last changed when the record is gone. A checkpoint root shared by several nodes is swept by each of them; whichever comes
-first removes the directory and the others find it gone (the finish time comes from etcd, the
-same for all). Before a launcher gives a uid to a job it removes what any other job left under
-that uid in its roots (`reclaim`): uids are reused once released, files never are.
+directory last changed when the record is gone. A checkpoint root shared by several nodes is
+swept by each of them; whichever comes first removes the directory and the others find it gone
+(the finish time comes from etcd, the same for all). Before a launcher gives a uid to a job it
+removes what any other job left under that uid in its roots (`reclaim`): uids are reused once
+released, files never are.
 """
 
 from __future__ import annotations
