@@ -685,7 +685,9 @@ class Launcher:
         ]
         tls = self.store.tls
         credential = job_credential(await self._keyring.key(), job_id) if tls else ""
-        ca_pem = tls.paths[0].read_bytes() if tls and not refusal else b""
+        # A process replica reads the CA from its scratch directory (the launcher's copy may
+        # lie where job uids cannot read); a container gets the launcher's file mounted.
+        ca_pem = tls.paths[0].read_bytes() if tls and not refusal and not spec.image else b""
         log_dir = None if checkpoint_problems(job_id, self.config.log_root) else job_id
         keys = self.store.keys
         expect = [Expect(keys.allocation(job_id), current.mod_revision)]
@@ -721,7 +723,8 @@ class Launcher:
                         run_as=owner,
                         refusal=refusal,
                     )
-                dirs = self._prepare_dirs(job_id, generation, owner, ca_pem)
+                dirs = self._prepare_dirs(job_id, generation, owner, ca_pem, scratch=not spec.image)
+                ca = dirs.ca if dirs.ca is not None else (tls.paths[0] if tls else None)
                 contract = contract_env(
                     plan,
                     job_id=job_id,
@@ -731,7 +734,7 @@ class Launcher:
                     cuda=self.inventory.cuda,
                     fence_token=self.fence_token,
                     credential=credential,
-                    tls_ca=str(dirs.ca) if dirs.ca is not None else "",
+                    tls_ca=str(ca) if ca is not None else "",
                 )
                 if spec.image:
                     return self._container_launch(
@@ -808,9 +811,11 @@ class Launcher:
         return known
 
     def _prepare_dirs(
-        self, job_id: str, generation: int, owner: RunAs | None, ca_pem: bytes
+        self, job_id: str, generation: int, owner: RunAs | None, ca_pem: bytes, *, scratch: bool
     ) -> _JobDirs:
-        """Make the job's checkpoint and scratch directories, private to `owner`; fence.
+        """Make the job's checkpoint and (`scratch`) scratch directories, private to `owner`.
+
+        The checkpoint directory is fenced for `generation` too.
 
         Before a uid's first use on this node, what other jobs left under it is removed.
 
@@ -833,11 +838,13 @@ class Launcher:
         checkpoint = config.checkpoint_root / job_id
         job_files.make_private_dir(checkpoint, owner)
         fence_checkpoint_dir(checkpoint, generation)
-        scratch = config.scratch_root / job_id
-        job_files.make_private_dir(scratch, owner)
-        home = job_files.make_private_subdir(scratch, "home", owner)
-        tmp = job_files.make_private_subdir(scratch, "tmp", owner)
-        ca = job_files.write_file(scratch, "ca.pem", ca_pem) if ca_pem else None
+        place = config.scratch_root / job_id
+        if not scratch:  # a container: its HOME and TMPDIR are the image's
+            return _JobDirs(checkpoint=checkpoint, home=place, tmp=place, ca=None)
+        job_files.make_private_dir(place, owner)
+        home = job_files.make_private_subdir(place, "home", owner)
+        tmp = job_files.make_private_subdir(place, "tmp", owner)
+        ca = job_files.write_file(place, "ca.pem", ca_pem) if ca_pem else None
         return _JobDirs(checkpoint=checkpoint, home=home, tmp=tmp, ca=ca)
 
     def _replica_environ(self, dirs: _JobDirs, owner: RunAs | None) -> dict[str, str]:
