@@ -541,6 +541,14 @@ class LocalCluster:
                 member.process.kill()
                 member.process.wait()
 
+    def write_cli_context(self, path: Path, name: str = "local") -> Path:
+        """Write a `pollux-cli` context for this cluster as the admin: 0600 in a 0700 dir."""
+        servers = ",".join(self.scheduler_addresses)
+        context = Context(server=servers, ca_file=self.ca_file, token=self.admin_token)
+        write_context(path, name, context)
+        path.parent.chmod(0o700)  # the token's directory: the admin's alone
+        return path
+
     def watch_etcd(self, say: Callable[[str], None] = print) -> list[int]:
         """Say in one line when an etcd member has died; start it again once it has room.
 
@@ -719,10 +727,7 @@ def _announce(cluster: LocalCluster, context_name: str) -> None:
             flush=True,
         )
     if cluster.secure:
-        path = config_path(os.environ)
-        context = Context(server=servers, ca_file=cluster.ca_file, token=cluster.admin_token)
-        write_context(path, context_name, context)
-        path.parent.chmod(0o700)  # the token's directory: the admin's alone
+        path = cluster.write_cli_context(config_path(os.environ), context_name)
         print(f"TLS and tokens on; pollux-cli context {context_name!r} (admin) written to {path}")
         print("use it with:  pollux-cli ls", flush=True)
     else:
