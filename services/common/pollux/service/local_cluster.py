@@ -55,8 +55,9 @@ from pollux.service.tls import TlsFiles
 from pollux.v1 import types_pb2 as pb
 
 ETCD_HEALTH_FLAGS = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=5m")
-ETCD_ROOM_BYTES = 64 * 1024 * 1024
-"""Free bytes under a dead etcd member's data dir before it is started again (a WAL segment)."""
+ETCD_ROOM_BYTES = 128 * 1024 * 1024
+"""Free bytes under a dead etcd member's data dir before it is started again: it may rewrite a
+whole 64 MB WAL segment to repair the one a full disk cut short."""
 
 
 def etcd_tls_flags(ca: Path, identity: pki.Issued) -> list[str]:
