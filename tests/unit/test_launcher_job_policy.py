@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pollux.launcher.config import LauncherConfig
-from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems, give_checkpoint_dir
+from pollux.launcher.job_files import make_private_dir, make_private_subdir, write_file
+from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems
 from pollux.launcher.launcher import GENERATION_FILE, fence_checkpoint_dir
 from pollux.launcher.placement import ReplicaPlan, contract_env, replica_env
 from pollux.launcher.replica import LaunchSpec, with_launcher_fence
@@ -115,18 +116,33 @@ def test_the_checkpoint_dir_must_be_one_component_resolving_inside_its_root(tmp_
 
 
 @as_root
-def test_the_checkpoint_dir_is_given_to_the_replica_user_never_through_a_link(tmp_path):
+def test_a_jobs_directory_is_made_its_users_never_through_a_link(tmp_path):
     directory = tmp_path / "j-1"
-    directory.mkdir()
-    give_checkpoint_dir(directory, RunAs(65534, 65534))
-    assert (directory.stat().st_uid, directory.stat().st_gid) == (65534, 65534)
-    give_checkpoint_dir(directory, None)  # the launcher's own user: nothing to change
+    make_private_dir(directory, RunAs(65534, 65534))
+    info = directory.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (65534, 65534, 0o700)
+    make_private_dir(directory, None)  # the launcher's own user: the mode only
+    assert directory.stat().st_uid == 65534
     target = tmp_path / "target"
     target.mkdir()
     (tmp_path / "link").symlink_to(target)
-    with pytest.raises(NotADirectoryError):
-        give_checkpoint_dir(tmp_path / "link", RunAs(65534, 65534))
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
+        make_private_dir(tmp_path / "link", RunAs(65534, 65534))
     assert target.stat().st_uid == os.geteuid()
+    # Inside a directory the job owns, its planted links are not followed either.
+    (directory / "home").symlink_to(target)
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
+        make_private_subdir(directory, "home", RunAs(65534, 65534))
+    assert target.stat().st_uid == os.geteuid()
+    assert make_private_subdir(directory, "tmp", RunAs(65534, 65534)) == directory / "tmp"
+    assert (directory / "tmp").stat().st_uid == 65534
+    # A file the launcher hands the job replaces whatever the job put under its name.
+    (directory / "ca.pem").symlink_to(tmp_path / "victim")
+    (tmp_path / "victim").write_text("precious")
+    write_file(directory, "ca.pem", b"CA")
+    assert (tmp_path / "victim").read_text() == "precious"
+    assert (directory / "ca.pem").read_bytes() == b"CA"
+    assert not (directory / "ca.pem").is_symlink()
 
 
 def test_the_generation_fence_follows_no_link_the_replica_user_planted(tmp_path):

@@ -379,18 +379,3 @@ def inside(path: str, roots: Iterable[Path]) -> bool:
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
     return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
-
-
-def give_checkpoint_dir(directory: Path, run_as: RunAs | None) -> None:
-    """Make the job's checkpoint directory (already created) the replica user's.
-
-    The directory itself only, never followed if it is a link: its files are the replicas' own.
-
-    Raises:
-        OSError: It is not a directory, or could not be changed.
-    """
-    if run_as is None:
-        return
-    if directory.is_symlink() or not directory.is_dir():
-        raise NotADirectoryError(f"{directory} is not a directory")
-    os.chown(directory, run_as.uid, run_as.gid, follow_symlinks=False)
