@@ -88,6 +88,7 @@ def make_config(etcd: EtcdServer, root: str, tmp_path: Path) -> LauncherConfig:
         lease_ttl_s=5,
         checkpoint_root=tmp_path / "checkpoints",
         log_root=tmp_path / "logs",
+        scratch_root=tmp_path / "scratch",
         default_stop_grace_s=5.0,
         resync_s=1.0,
         barrier_poll_s=0.1,
