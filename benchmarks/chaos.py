@@ -652,6 +652,14 @@ def report(tally: Tally, wall_s: float) -> dict[str, object]:
     return figures
 
 
+def schedule(faults: tuple[str, ...], cycles: int, rng: random.Random) -> list[str]:
+    """`cycles` faults drawn at random, every fault at least once when there are enough."""
+    kinds = [rng.choice(faults) for _ in range(max(0, cycles - len(faults)))]
+    kinds += list(faults) if cycles >= len(faults) else rng.sample(faults, cycles)
+    rng.shuffle(kinds)
+    return kinds
+
+
 def disk_targets(cluster: LocalCluster) -> dict[str, Path]:
     """The directory each disk fault fills, made with the mode its owner gives it."""
     workdir = cluster.workdir
@@ -697,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     skipped = disk_full.unavailable()
     faults = FAULTS if skipped else ALL_FAULTS
-    kinds = list(faults) if args.short else [rng.choice(faults) for _ in range(args.cycles)]
+    kinds = list(faults) if args.short else schedule(faults, args.cycles, rng)
     began = time.monotonic()
     signal.signal(signal.SIGTERM, _terminate)  # stop the cluster on the way out
     print(f"fault suite: {len(kinds)} cycles in {workdir}", flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from benchmarks.chaos import (
     ALL_FAULTS,
     DISK_FAULTS,
@@ -9,6 +11,7 @@ from benchmarks.chaos import (
     FAULTS,
     MUST_BE_ZERO,
     overlapping_generations,
+    schedule,
 )
 
 
@@ -36,3 +39,12 @@ def test_the_disk_faults_are_part_of_the_suite_and_must_heal() -> None:
     assert list(ALL_FAULTS) == [*FAULTS, *DISK_FAULTS]
     assert "unhealed_disk_faults" in MUST_BE_ZERO
     assert set(DISK_SIZES) == set(DISK_FAULTS)
+
+
+def test_a_long_run_draws_every_fault_at_least_once() -> None:
+
+    for seed in range(20):
+        kinds = schedule(ALL_FAULTS, 50, random.Random(seed))
+        assert len(kinds) == 50
+        assert set(kinds) == set(ALL_FAULTS)
+    assert len(set(schedule(ALL_FAULTS, 3, random.Random(1)))) == 3
