@@ -1,4 +1,5 @@
-"""The fault suite's overlap detector (benchmarks/chaos.py), on hand-written tick files."""
+"""The fault suite (benchmarks/chaos.py): its overlap detector on hand-written tick files, its
+faults and its schedule."""
 
 from __future__ import annotations
 
