@@ -11,6 +11,19 @@ the API, kept at `--jobs` active at a time. Each cycle injects one fault, chosen
     etcd_member_kill   kill -9 one of the 3 etcd members, restart it
     etcd_restart       kill -9 every etcd member, restart them
     etcd_then_leader   restart etcd as above, then kill -9 the leading scheduler
+    log_disk_full      fill the replica-log filesystem for a while, then free it
+    checkpoint_disk_full  fill the checkpoint filesystem for a while, then free it
+    etcd_disk_full     fill the filesystem under one etcd member until it dies, then free it
+
+The disk faults need root: the suite then runs on small tmpfs mounts (benchmarks/disk_full.py)
+over the replica logs (64 MiB), the checkpoints (64 MiB) and the last etcd member's data dir
+(256 MiB), and fills one with a ballast file for `DISK_HOLD_S`; as another user they are
+skipped, saying so. What must hold: a full log disk costs log lines only (no job fails, logs are
+written again once freed); a full checkpoint disk fails the jobs that write there with the
+reason (counted as `disk_failed_jobs`, not `failed`: restarting them onto the full disk would
+only crash again) and, once freed, new jobs run; a full etcd disk kills that member, which
+`pollux-up`'s watch says in one line and starts again once freed, without losing quorum. In
+every case no slot leaks and nothing is restarted by hand.
 
 and, before each fault, submits an oversized spec and one with a NUL byte (both must be
 refused with INVALID_ARGUMENT). After the fault is healed the cycle waits for recovery: a
@@ -24,6 +37,7 @@ scheduler leads and every job that was active has ticked again (or ended). Then 
                 that is not part of its job's current allocation, after the stop grace
     failed      a job that ended FAILED (no fault should fail a job)
     bad_accepted an oversized or NUL-byte spec that was accepted
+    unhealed    a disk fault the cluster did not recover from once space was freed
 
 and prints the counts with recovery seconds (p50, max) per fault. Exit status 1 if any count
 is not 0. Everything runs on loopback under `--workdir` and is stopped at the end.
@@ -36,6 +50,7 @@ is not 0. Everything runs on loopback under `--workdir` and is stopped at the en
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import itertools
 import json
@@ -43,6 +58,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,14 +75,30 @@ from pollux.client import Client, Job, JobSpec
 from pollux.client.errors import InvalidArgumentError, NotFoundError, PolluxError
 from pollux.launcher.fence import FENCE_VAR
 from pollux.service.local_cluster import LocalCluster
+from pollux.service.store import Delete, Put, Store, StoreError
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import launcher_service_pb2_grpc as lpb_grpc
+
+try:
+    from benchmarks import disk_full
+except ImportError:  # run as a script (python benchmarks/chaos.py): this folder is on the path
+    import disk_full  # type: ignore[import-not-found, no-redef]
 
 T = TypeVar("T")
 JOB = Path(__file__).resolve().parent / "chaos_job.py"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 REGISTRATION_TTL_S = 4
 STOP_GRACE_S = 5
+DISK_HOLD_S = 6.0
+"""How long a disk fault keeps its filesystem full."""
+DISK_SIZES = {
+    "log_disk_full": 64 << 20,
+    "checkpoint_disk_full": 64 << 20,
+    "etcd_disk_full": 256 << 20,
+}
+"""Size of the tmpfs each disk fault fills."""
+ETCD_DEATH_S = 60.0
+"""How long etcd is pressed with writes for its member on the full disk to die."""
 
 
 @dataclass
@@ -81,13 +113,16 @@ class Tally:
     leaked: int = 0
     failed: int = 0
     bad_accepted: int = 0
+    unhealed: int = 0
+    disk_failed: int = 0
+    """Jobs failed by a full checkpoint disk, saying so (what must happen: not a problem)."""
     recovery: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     findings: list[str] = field(default_factory=list)
 
     def problems(self) -> int:
         """Every count that must be 0, summed."""
         counts = (self.lost, self.stuck, self.overlaps, self.corrupted, self.leaked)
-        return sum(counts) + self.failed + self.bad_accepted
+        return sum(counts) + self.failed + self.bad_accepted + self.unhealed
 
     def note(self, what: str) -> None:
         """Record and print one finding."""
@@ -106,6 +141,11 @@ class Suite:
         self.accepted: dict[str, str] = {}
         """Job id -> last state seen."""
         self.checkpoints = cluster.workdir / "checkpoints"
+        self.disk_targets: dict[str, Path] = {}
+        """Each disk fault's filesystem (a small tmpfs), when the suite runs as root."""
+        self.full_checkpoints = False
+        """A full checkpoint disk is (or was, this cycle) injected: jobs may fail of it."""
+        self.log_sizes: dict[Path, int] = {}
 
     # -- API ----------------------------------------------------------------------------------
 
@@ -186,8 +226,13 @@ class Suite:
                 del self.accepted[job_id]
                 continue
             if job.state == "FAILED" and self.accepted[job_id] != "FAILED":
-                self.tally.failed += 1
-                self.tally.note(f"job {job_id} failed: {job.history[-1].reason}")
+                reason = job.history[-1].reason
+                if self.full_checkpoints and "on a full disk" in reason:
+                    self.tally.disk_failed += 1
+                    print(f"  job {job_id} failed as it should: {reason[:160]}", flush=True)
+                else:
+                    self.tally.failed += 1
+                    self.tally.note(f"job {job_id} failed: {reason}")
             self.accepted[job_id] = job.state
         return {job_id: listed[job_id] for job_id in self.accepted}
 
@@ -237,8 +282,98 @@ class Suite:
             cluster.restart_etcd_member(index)
         elif kind == "etcd_restart":
             self.restart_etcd()
+        elif kind in DISK_FAULTS:
+            self.disk_fault(kind)
         else:
             raise ValueError(kind)
+
+    # -- disk faults ----------------------------------------------------------------------------
+
+    def disk_fault(self, kind: str) -> None:
+        """Fill the fault's filesystem, keep it full a while (etcd: until its member died)."""
+        target = self.disk_targets[kind]
+        if kind == "checkpoint_disk_full":
+            self.full_checkpoints = True
+        disk_full.fill(target)
+        if kind == "etcd_disk_full":
+            self.press_etcd_until_a_member_dies()
+        time.sleep(DISK_HOLD_S)
+        self.log_sizes = self.replica_log_sizes()
+        disk_full.free(target)
+
+    def press_etcd_until_a_member_dies(self) -> None:
+        """Write to etcd until the member on the full disk dies, and let pollux-up's watch say so.
+
+        The cluster's own writes would kill it too, more slowly.
+        """
+        index = len(self.cluster.etcd_procs) - 1
+        member = self.cluster.etcd_procs[index].process
+
+        async def press() -> None:
+            store = await Store.connect(
+                self.cluster.etcd_endpoint, timeout_s=5.0, tls=self.cluster.etcd_tls()
+            )
+            prefix = b"/pollux-chaos/pressure/"
+            try:
+                deadline = time.monotonic() + ETCD_DEATH_S
+                count = 0
+                while member.poll() is None and time.monotonic() < deadline:
+                    key = prefix + str(count % 200).encode()
+                    with contextlib.suppress(StoreError):
+                        await store.txn([Put(key, os.urandom(4096))])
+                    count += 1
+                with contextlib.suppress(StoreError):
+                    await store.txn([Delete(prefix, prefix=True)])
+            finally:
+                await store.close()
+
+        asyncio.run(press())
+        if member.poll() is None:
+            self.tally.note(f"etcd member {index} lived on a full disk for {ETCD_DEATH_S:.0f} s")
+        self.cluster.watch_etcd(lambda line: print(f"  {line}", flush=True))
+
+    def heal_disk(self, kind: str) -> None:
+        """After the space is freed: the cluster works again with nothing restarted by hand.
+
+        etcd: pollux-up's watch starts the dead member again. Logs: a running job's log is
+        written again. Checkpoints: new jobs start and tick there.
+        """
+        if kind == "etcd_disk_full":
+            deadline = time.monotonic() + 60
+            while any(m.process.poll() is not None for m in self.cluster.etcd_procs):
+                self.cluster.watch_etcd(lambda line: print(f"  {line}", flush=True))
+                if time.monotonic() > deadline:
+                    self.tally.unhealed += 1
+                    self.tally.note("an etcd member did not start again once space was freed")
+                    return
+                time.sleep(0.5)
+        elif kind == "log_disk_full":
+            deadline = time.monotonic() + 30
+            while not any(
+                size > self.log_sizes.get(path, 0)
+                for path, size in self.replica_log_sizes().items()
+            ):
+                if time.monotonic() > deadline:
+                    self.tally.unhealed += 1
+                    self.tally.note("no replica log was written again once space was freed")
+                    return
+                time.sleep(0.5)
+        elif kind == "checkpoint_disk_full":
+            self.refresh()
+            self.full_checkpoints = False
+            self.top_up()
+            fresh = [j for j, state in self.accepted.items() if state not in TERMINAL]
+            if self.recover(fresh, time.time_ns()) is None:
+                self.tally.unhealed += 1
+                self.tally.note("jobs did not run again once the checkpoint disk was freed")
+
+    def replica_log_sizes(self) -> dict[Path, int]:
+        """Size of every replica log file now."""
+        sizes = {}
+        for path in (self.cluster.workdir / "replica-logs").glob("*/*.log"):
+            with contextlib.suppress(OSError):
+                sizes[path] = path.stat().st_size
+        return sizes
 
     def kill(self, name: str) -> None:
         """SIGKILL a service process (its process group: never its replicas or watchdog)."""
@@ -415,6 +550,10 @@ class Suite:
         self.fault(kind)
         healed_ns = time.time_ns()
         seconds = self.recover(active, healed_ns)
+        if kind in DISK_FAULTS:
+            self.heal_disk(kind)
+            if seconds is not None:
+                seconds = (time.time_ns() - healed_ns) / 1e9
         if seconds is not None:
             self.tally.recovery[kind].append(seconds)
         self.check_leaks()
@@ -422,7 +561,7 @@ class Suite:
         self.tally.cycles += 1
         shown = "stuck" if seconds is None else f"recovered in {seconds:.1f} s"
         print(
-            f"cycle {number:3d} {kind:17s} {time.monotonic() - began:5.1f} s, {shown}; "
+            f"cycle {number:3d} {kind:20s} {time.monotonic() - began:5.1f} s, {shown}; "
             f"jobs {len(self.accepted)}, problems {self.tally.problems()}",
             flush=True,
         )
@@ -459,6 +598,9 @@ FAULTS = (
     "etcd_restart",
     "etcd_then_leader",
 )
+DISK_FAULTS = ("log_disk_full", "checkpoint_disk_full", "etcd_disk_full")
+"""Faults that fill a filesystem (root only: they run on small tmpfs mounts)."""
+ALL_FAULTS = (*FAULTS, *DISK_FAULTS)
 
 
 MUST_BE_ZERO = (
@@ -469,6 +611,7 @@ MUST_BE_ZERO = (
     "leaked_slots",
     "failed_jobs",
     "bad_specs_accepted",
+    "unhealed_disk_faults",
 )
 """The figures (keys of `report`'s result) the suite fails on unless 0."""
 
@@ -485,6 +628,8 @@ def report(tally: Tally, wall_s: float) -> dict[str, object]:
         "leaked_slots": tally.leaked,
         "failed_jobs": tally.failed,
         "bad_specs_accepted": tally.bad_accepted,
+        "unhealed_disk_faults": tally.unhealed,
+        "disk_failed_jobs": tally.disk_failed,
         "recovery_p50_s": round(statistics.median(every), 2) if every else None,
         "recovery_max_s": round(max(every), 2) if every else None,
         "wall_s": round(wall_s, 1),
@@ -499,12 +644,34 @@ def report(tally: Tally, wall_s: float) -> dict[str, object]:
         "findings": tally.findings,
     }
     print()
-    for key in list(figures)[:11]:
+    for key in list(figures)[:13]:
         print(f"{key:26s} {figures[key]}")
-    print(f"{'fault':17s} {'cycles':>6s} {'p50 s':>7s} {'max s':>7s}")
+    print(f"{'fault':20s} {'cycles':>6s} {'p50 s':>7s} {'max s':>7s}")
     for kind, row in figures["by_fault"].items():  # type: ignore[attr-defined]
-        print(f"{kind:17s} {row['cycles']:6d} {row['p50_s']:7.2f} {row['max_s']:7.2f}")
+        print(f"{kind:20s} {row['cycles']:6d} {row['p50_s']:7.2f} {row['max_s']:7.2f}")
     return figures
+
+
+def schedule(faults: tuple[str, ...], cycles: int, rng: random.Random) -> list[str]:
+    """`cycles` faults drawn at random, every fault at least once when there are enough."""
+    kinds = [rng.choice(faults) for _ in range(max(0, cycles - len(faults)))]
+    kinds += list(faults) if cycles >= len(faults) else rng.sample(faults, cycles)
+    rng.shuffle(kinds)
+    return kinds
+
+
+def disk_targets(cluster: LocalCluster) -> dict[str, Path]:
+    """The directory each disk fault fills, made with the mode its owner gives it."""
+    workdir = cluster.workdir
+    targets = {
+        "log_disk_full": (workdir / "replica-logs", 0o700),
+        "checkpoint_disk_full": (workdir / "checkpoints", 0o711),
+        "etcd_disk_full": (cluster.etcd_data_dir(cluster.etcd_members - 1), 0o700),
+    }
+    for directory, mode in targets.values():
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(mode)
+    return {kind: directory for kind, (directory, _) in targets.items()}
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -536,17 +703,31 @@ def main(argv: list[str] | None = None) -> int:
         etcd_members=3,
         registration_ttl_s=REGISTRATION_TTL_S,
     )
-    kinds = list(FAULTS) if args.short else [rng.choice(FAULTS) for _ in range(args.cycles)]
+    skipped = disk_full.unavailable()
+    faults = FAULTS if skipped else ALL_FAULTS
+    kinds = list(faults) if args.short else schedule(faults, args.cycles, rng)
     began = time.monotonic()
     signal.signal(signal.SIGTERM, _terminate)  # stop the cluster on the way out
     print(f"fault suite: {len(kinds)} cycles in {workdir}", flush=True)
-    with cluster:
-        suite = Suite(cluster, rng, args)
-        for number, kind in enumerate(kinds, 1):
-            suite.cycle(number, kind)
-        suite.refresh()
-        suite.check_files()
+    if skipped:
+        print(f"disk faults ({', '.join(DISK_FAULTS)}) skipped: {skipped}", flush=True)
+    targets = {} if skipped else disk_targets(cluster)
+    try:
+        for kind, target in targets.items():
+            disk_full.mount_small(target, DISK_SIZES[kind])
+        with cluster:
+            suite = Suite(cluster, rng, args)
+            suite.disk_targets = targets
+            for number, kind in enumerate(kinds, 1):
+                suite.cycle(number, kind)
+            suite.refresh()
+            suite.check_files()
+    finally:
+        for target in targets.values():
+            with contextlib.suppress(OSError, subprocess.CalledProcessError):
+                disk_full.unmount(target)
     figures = report(suite.tally, time.monotonic() - began)
+    figures["disk_faults_skipped"] = skipped
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 1 if suite.tally.problems() else 0

@@ -96,6 +96,8 @@ class Job:
         tmp = self.directory / f"state.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.directory / "state.json")
+        # A line of output per checkpoint: the fault suite sees the replica logs grow.
+        print(f"generation {self.generation} checkpointed step {self.step}", flush=True)
 
     def tick(self) -> None:
         """One step: a tick line, a checkpoint every CHECKPOINT_EVERY, a report every REPORT_S."""

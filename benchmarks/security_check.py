@@ -24,6 +24,11 @@ What is tried:
 - secret environment values: SubmitJob, GetJob, ListJobs and WatchJobs show ``<secret>``;
 - a job whose output writes terminal escapes (clear screen, OSC 52, title, link, C1, bidi):
   `pollux-cli` submit --follow, logs and describe print them as visible text;
+- a job (bob's) that tries to read, from its replica, every credential but its own: the admin's
+  ``pollux-cli`` context (``~/.config/pollux``), the work dir's ``pki/`` (its listing, the CA key,
+  the kept admin token, the launcher's and etcd's keys), and another user's job's checkpoint
+  and log (REFUSED; a control reads its own checkpoint). Made where the check can see the
+  cluster's files (its own cluster, or ``--pki-dir`` inside a `pollux-up` work dir);
 - a job named after another user's (deleted) job id: refused at submit (INVALID_ARGUMENT), and
   logs, describe and cancel by that id reach nothing (NOT_FOUND), never the other's log;
 - a FAILED job's credential on GetBatchConfig and ReportMetrics (UNAUTHENTICATED: it died
@@ -63,6 +68,7 @@ from typing import Any
 import aetcd.rpc
 import grpc
 
+from pollux.client.config import config_path
 from pollux.service import auth, pki
 from pollux.service.job_credentials import JobKeyring
 from pollux.service.keys import DEFAULT_ROOT, Kind
@@ -137,6 +143,8 @@ class Target:
         etcd_root: The cluster's key root in etcd.
         pki_dir: The cluster CA (``ca.pem`` and ``ca-key.pem``).
         admin_token: An admin's API token.
+        workdir: A `pollux-up` work dir on this machine (its replicas' files), if known.
+        admin_context: The admin's ``pollux-cli`` context file on this machine, if known.
     """
 
     schedulers: tuple[str, ...]
@@ -146,6 +154,8 @@ class Target:
     etcd_root: str
     pki_dir: Path
     admin_token: str
+    workdir: Path | None = None
+    admin_context: Path | None = None
 
     @classmethod
     def of_cluster(cls, cluster: LocalCluster) -> Target:
@@ -166,6 +176,8 @@ class Target:
             etcd_root=DEFAULT_ROOT,
             pki_dir=cluster.pki_dir,
             admin_token=cluster.admin_token,
+            workdir=cluster.workdir,
+            admin_context=cluster.workdir / "admin-home" / ".config" / "pollux" / "config.toml",
         )
 
 
@@ -290,6 +302,7 @@ class Checker:
             await self.revoked_token_streams()
             await self.stream_caps(users)
             await self.submit_caps(users)
+            await self.replica_reads(users)  # replica isolation
         finally:
             await self.clean_up()
             await self.close()
@@ -975,6 +988,101 @@ class Checker:
             ),
         )
 
+    # -- a job reading what is not its own (replica isolation) -----------------------------------
+
+    async def replica_reads(self, users: dict[str, str]) -> None:
+        """Bob's job tries to read every credential but its own from its replica: all refused.
+
+        Alice's job first leaves a checkpoint and a log line; bob's job then tries each path
+        and prints ``READ`` or ``REFUSED`` per path (its log is read back from the work dir).
+        """
+        workdir = self.t.workdir
+        if workdir is None:
+            return
+        victim_script = (
+            "import os, pathlib\n"
+            "d = pathlib.Path(os.environ['POLLUX_CHECKPOINT_DIR'])\n"
+            "(d / 'weights').write_text('alice-weights')\n"
+            "print('alice-log-line', flush=True)\n"
+        )
+        victim = await self._run_job(users["alice"], "check-victim-files", victim_script, [])
+        if victim is None:
+            return
+        pki_dir = self.t.pki_dir
+        targets = {
+            "the admin's pollux-cli context (~/.config/pollux/config.toml)": self.t.admin_context,
+            "the work dir's pki/ listing": pki_dir,
+            "the CA key (pki/ca-key.pem)": pki_dir / "ca-key.pem",
+            "the kept admin token (pki/admin-token)": pki_dir / "admin-token",
+            "etcd's key (pki/etcd-key.pem)": pki_dir / "etcd-key.pem",
+            **{
+                f"the launcher's key (pki/{key.name})": key
+                for key in sorted(pki_dir.glob("node-*-key.pem"))
+            },
+            "another user's job's checkpoint dir": workdir / "checkpoints" / victim.id,
+            "another user's job's checkpoint": workdir / "checkpoints" / victim.id / "weights",
+            "another user's job's log": workdir / "replica-logs" / victim.id / "1-0.log",
+        }
+        tried = {name: path for name, path in targets.items() if path is not None}
+        thief_script = (
+            "import os, sys\n"
+            "for i, path in enumerate(sys.argv[1:]):\n"
+            "    if path == 'OWN':\n"
+            "        path = os.path.join(os.environ['POLLUX_CHECKPOINT_DIR'], 'mine')\n"
+            "        open(path, 'w').write('x')\n"
+            "    try:\n"
+            "        if os.path.isdir(path):\n"
+            "            got = ' '.join(sorted(os.listdir(path)))\n"
+            "        else:\n"
+            "            got = open(path, 'rb').read(64).hex()\n"
+            "        print(f'ATTEMPT {i} READ {got[:40]}', flush=True)\n"
+            "    except OSError as error:\n"
+            "        print(f'ATTEMPT {i} REFUSED {error.strerror}', flush=True)\n"
+        )
+        argv = [str(path) for path in tried.values()] + ["OWN"]
+        thief = await self._run_job(users["bob"], "check-thief-files", thief_script, argv)
+        if thief is None:
+            return
+        answers = self._attempt_lines(workdir / "replica-logs" / thief.id)
+        for index, (name, path) in enumerate(tried.items()):
+            got, message = answers.get(index, ("NOT_TRIED", "the job printed nothing for it"))
+            self.record(f"a job reads {name} ({path})", "REFUSED", got, message)
+        got, message = answers.get(len(tried), ("NOT_TRIED", "the job printed nothing for it"))
+        self.record("(control) a job reads a file in its own checkpoint dir", "READ", got, message)
+
+    async def _run_job(self, token: str, name: str, script: str, argv: list[str]) -> pb.Job | None:
+        """Submit a one-replica Python job and wait for it to end; None if it never did."""
+        spec = pb.JobSpec(
+            name=name,
+            command=[sys.executable, "-c", script, *argv],
+            batch=pb.BatchLimits(initial_batch_size=1),
+        )
+        request = spb.SubmitJobRequest(spec=spec, request_id=f"check-{secrets.token_hex(8)}")
+        reply = await self.jobs(token).SubmitJob(request, timeout=CALL_TIMEOUT_S)
+        self.cleanup_jobs.append(reply.job.id)
+        admin = self.jobs(self.t.admin_token)
+        deadline = time.monotonic() + JOB_WAIT_S
+        while time.monotonic() < deadline:
+            got = await admin.GetJob(spb.GetJobRequest(job_id=reply.job.id), timeout=CALL_TIMEOUT_S)
+            if got.job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED):
+                return got.job  # type: ignore[no-any-return]
+            await asyncio.sleep(0.2)
+        self.record(f"job {name} ran to its end", OK, "TIMEOUT", f"not done in {JOB_WAIT_S} s")
+        return None
+
+    @staticmethod
+    def _attempt_lines(logs: Path) -> dict[int, tuple[str, str]]:
+        """``ATTEMPT <i> <READ|REFUSED> <detail>`` lines of a job's logs, by i."""
+        out: dict[int, tuple[str, str]] = {}
+        for log in sorted(logs.glob("*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                if len(parts) >= 3 and parts[0] == "ATTEMPT" and parts[1].isdigit():
+                    out[int(parts[1])] = (parts[2], parts[3] if len(parts) > 3 else "")
+        return out
+
+    # -- end of the replica isolation block ------------------------------------------------------
+
     async def clean_up(self) -> None:
         """Cancel the jobs and revoke the tokens this check made (best effort)."""
         if not self.t.schedulers:
@@ -1011,6 +1119,7 @@ async def discover(
         status = await spb_grpc.SchedulerServiceStub(channel).ClusterStatus(
             spb.ClusterStatusRequest(), timeout=CALL_TIMEOUT_S
         )
+    context = config_path(os.environ)
     return Target(
         schedulers=tuple(schedulers),
         agents=tuple(a.address for a in status.agents),
@@ -1019,6 +1128,9 @@ async def discover(
         etcd_root=etcd_root,
         pki_dir=pki_dir,
         admin_token=token,
+        # A pollux-up work dir on this machine: its replicas' files can be pointed at.
+        workdir=pki_dir.parent if (pki_dir.parent / "replica-logs").is_dir() else None,
+        admin_context=context if context.exists() else None,
     )
 
 
@@ -1029,6 +1141,8 @@ def own_cluster(workdir: Path) -> Iterator[LocalCluster]:
         workdir, nodes=1, gpus_per_node=1, schedulers=1, agents=1, interval_s=1.0, secure=True
     )
     with cluster:
+        # What `pollux-up` writes for the admin, here in a home of its own.
+        cluster.write_cli_context(workdir / "admin-home" / ".config" / "pollux" / "config.toml")
         yield cluster
 
 

@@ -8,7 +8,9 @@ fresh key root, deleted afterwards, so tests never see each other's state.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +22,27 @@ from pollux.service.store import Delete, Store
 from tests.etcd_server import EtcdServer
 
 TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, keep this checkout's temporary directories apart from other pytest sessions'.
+
+    A root launcher's replicas run under their job's own uid and must traverse a test's
+    tmp_path (`_replicas_reach_tmp_path`). pytest resets its shared /tmp/pytest-of-root to
+    0700 whenever a session starts, which would cut off the replicas of a session running
+    beside it (two checkouts tested at once); a temporary root of this checkout's own is
+    touched by this checkout's sessions only.
+    """
+    del config
+    if os.geteuid() != 0 or "PYTEST_DEBUG_TEMPROOT" in os.environ:
+        return
+    digest = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:10]
+    root = Path("/tmp") / f"pollux-tests-{digest}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    info = root.lstat()
+    if info.st_uid == 0 and not root.is_symlink():
+        root.chmod(0o711)
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,6 +74,21 @@ def _logging_restored() -> Iterator[None]:
             if handler not in handlers:
                 root.removeHandler(handler)
         root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _replicas_reach_tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Let replicas, which run under their job's own uid, traverse to the test's tmp_path.
+
+    pytest makes its temporary directories 0700; a root launcher's replicas are other users,
+    and a test's job files and checkpoint root live there. Traversal only (0711): nothing of
+    a test's is listed or readable through it that was not made readable itself.
+    """
+    if os.geteuid() != 0:
+        return
+    base = tmp_path_factory.getbasetemp()
+    for directory in (base.parent, base, tmp_path):
+        directory.chmod(directory.stat().st_mode & 0o7777 | 0o011)
 
 
 CLIENT_ENV = ("POLLUX_CONTEXT", "POLLUX_SERVER", "POLLUX_CA", "POLLUX_TOKEN")

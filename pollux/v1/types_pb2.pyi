@@ -359,7 +359,7 @@ class BatchConfig(_message.Message):
     def __init__(self, local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., total_batch_size: _Optional[int] = ..., predicted_speedup: _Optional[float] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid", "output_tail")
+    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid", "output_tail", "disk_full")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +369,7 @@ class ReplicaStatus(_message.Message):
     TIME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    DISK_FULL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     node: str
     rank: int
@@ -378,7 +379,8 @@ class ReplicaStatus(_message.Message):
     time: _timestamp_pb2.Timestamp
     pid: int
     output_tail: str
-    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ...) -> None: ...
+    disk_full: bool
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed")
@@ -523,3 +525,13 @@ class JobTimeline(_message.Message):
     job_id: str
     points: _containers.RepeatedCompositeFieldContainer[TimelinePoint]
     def __init__(self, job_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[TimelinePoint, _Mapping]]] = ...) -> None: ...
+
+class JobUser(_message.Message):
+    __slots__ = ("job_id", "uid", "claim_time")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    uid: int
+    claim_time: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., uid: _Optional[int] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

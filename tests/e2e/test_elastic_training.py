@@ -193,6 +193,8 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
 ) -> None:
     solo_process, solo_log = solo
     audit = tmp_path / "audit"
+    audit.mkdir()
+    audit.chmod(0o777)  # written by the replicas, which run under the job's own uid
     spec = JobSpec(
         "elastic",
         (

@@ -41,6 +41,9 @@ def start_launcher(etcd: EtcdServer, store: Store, tmp_path: Path) -> subprocess
                 *(sys.executable, "-m", "pollux.launcher.main", "--etcd", etcd.endpoint),
                 *("--node-name", "e2e-node", "--listen", "127.0.0.1:0", "--gpus", "1"),
                 *("--checkpoint-root", str(tmp_path / "ck"), "--log-root", str(tmp_path / "logs")),
+                *("--scratch-root", str(tmp_path / "scratch")),
+                # A launcher that is not root would share its uid with its replicas: told so.
+                *(() if os.geteuid() == 0 else ("--insecure",)),
             ],
             cwd=REPO,
             env=env,

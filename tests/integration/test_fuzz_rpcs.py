@@ -540,6 +540,7 @@ def launcher(loop: Loop, etcd: EtcdServer, root: str, tmp_path: Path) -> Iterato
             gpus=2,
             checkpoint_root=tmp_path / "checkpoints",
             log_root=tmp_path / "logs",
+            scratch_root=tmp_path / "scratch",
         )
         app = LauncherApp(config, detect(2), store)
         await app.start()

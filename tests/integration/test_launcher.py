@@ -68,6 +68,7 @@ while True:
 def out(tmp_path: Path) -> Path:
     path = tmp_path / "out"
     path.mkdir()
+    path.chmod(0o777)  # written by the replicas, which run under their job's own uid
     return path
 
 
@@ -87,6 +88,7 @@ def make_config(etcd: EtcdServer, root: str, tmp_path: Path) -> LauncherConfig:
         lease_ttl_s=5,
         checkpoint_root=tmp_path / "checkpoints",
         log_root=tmp_path / "logs",
+        scratch_root=tmp_path / "scratch",
         default_stop_grace_s=5.0,
         resync_s=1.0,
         barrier_poll_s=0.1,
@@ -280,7 +282,8 @@ async def test_new_generation_waits_for_old_replicas_on_other_nodes(
     lease = await store.grant_lease(30)
     await store.register_node(pb.Node(name="n2", address="127.0.0.2:1", gpus=1), lease=lease)
     for job_id in ("j-wait", "j-gone"):
-        (out / job_id).mkdir()
+        (out / job_id).mkdir(mode=0o777)
+        (out / job_id).chmod(0o777)
         await submit(store, job_id, script, out / job_id)
         await store.put_replica_status(
             pb.ReplicaStatus(

@@ -166,6 +166,7 @@ async def make_app(
             lease_ttl_s=5,
             checkpoint_root=shared / "checkpoints",
             log_root=tmp_path / "logs",
+            scratch_root=tmp_path / "scratch",
             default_stop_grace_s=5.0,
             resync_s=1.0,
             barrier_poll_s=0.1,

@@ -1,15 +1,17 @@
 """The launcher's job policy on a real launcher (CPU slots) with real etcd and real processes.
 
-A replica runs as the configured unprivileged user and can write its checkpoint directory; a
-job the policy refuses exits 127 with the reason, saying what to fix, in its log, and nothing
-of it is created. pytest's tmp_path is private to root (mode 0700 parents), so the directories
-the replica user must reach live in a world-traversable directory of their own under /tmp.
+Each job's replicas run under a uid of the job's own, claimed in etcd, and own the job's
+checkpoint, log and scratch directories (0700; logs 0600): one job can read nothing of
+another's, nor the launcher's key. A job the policy refuses exits 127 with the reason, saying
+what to fix, in its log, and nothing of it is created. The directories the replicas must reach
+(working dir, roots) live in a world-traversable directory of their own under /tmp.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import detect
-from pollux.launcher.job_policy import JobPolicy
+from pollux.launcher.job_policy import DEFAULT_JOB_UIDS, JobPolicy, RunAs
 from pollux.launcher.main import LauncherApp
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.store import Store
@@ -37,7 +39,7 @@ REPORT = 'id -u > "$POLLUX_CHECKPOINT_DIR/who"; id -g >> "$POLLUX_CHECKPOINT_DIR
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A directory every user may traverse (for the working and checkpoint dirs)."""
+    """A directory every user may traverse (for the working dir and the roots)."""
     path = Path(tempfile.mkdtemp(prefix="pollux-policy-", dir="/tmp"))
     path.chmod(0o755)
     (path / "work").mkdir(mode=0o755)
@@ -47,24 +49,29 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
-@pytest.fixture
-async def app(
-    etcd: EtcdServer, root: str, store: Store, shared: Path, tmp_path: Path
-) -> AsyncIterator[LauncherApp]:
-    config = LauncherConfig(
+def config_for(etcd: EtcdServer, root: str, shared: Path, policy: JobPolicy) -> LauncherConfig:
+    return LauncherConfig(
         etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
         server=ServerConfig(listen="127.0.0.1:0", grace_s=1.0),
         node_name="n1",
         gpus=2,
         lease_ttl_s=5,
         checkpoint_root=shared / "checkpoints",
-        log_root=tmp_path / "logs",
+        log_root=shared / "logs",
+        scratch_root=shared / "scratch",
         default_stop_grace_s=5.0,
         resync_s=1.0,
         barrier_poll_s=0.1,
-        job_policy=JobPolicy(allowed_roots=(shared / "work",), run_as_uid=NOBODY),
+        job_policy=policy,
     )
-    launcher = LauncherApp(config, detect(2), store)
+
+
+@pytest.fixture
+async def app(
+    etcd: EtcdServer, root: str, store: Store, shared: Path
+) -> AsyncIterator[LauncherApp]:
+    policy = JobPolicy(allowed_roots=(shared / "work",))
+    launcher = LauncherApp(config_for(etcd, root, shared, policy), detect(2), store)
     await launcher.start()
     try:
         yield launcher
@@ -85,27 +92,86 @@ async def run(store: Store, job_id: str, spec: pb.JobSpec) -> pb.ReplicaStatus:
     return await eventually(exited)
 
 
-async def test_replicas_run_as_the_configured_user_and_own_their_checkpoint_dir(
+def private(path: Path, uid: int, mode: int) -> bool:
+    info = path.lstat()
+    return (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, uid, mode)
+
+
+async def test_each_job_runs_under_its_own_uid_and_owns_its_private_directories(
     app: LauncherApp, store: Store, shared: Path
 ) -> None:
-    assert app.launcher.run_as is not None
-    spec = pb.JobSpec(
-        name="who", command=["/bin/sh", "-c", REPORT], working_dir=str(shared / "work")
+    script = 'echo "$HOME $TMPDIR $USER"; umask; ' + REPORT
+    uids = {}
+    for job_id in ("j-a", "j-b"):
+        spec = pb.JobSpec(
+            name="who", command=["/bin/sh", "-c", script], working_dir=str(shared / "work")
+        )
+        status = await run(store, job_id, spec)
+        replica = app.launcher.find(job_id, 0)
+        assert replica is not None
+        assert status.exit_code == 0, replica.log.tail(0)[0]
+        claim = await store.get(store.keys.job_user(job_id), pb.JobUser)
+        assert claim is not None
+        uid = claim.value.uid
+        assert DEFAULT_JOB_UIDS[0] <= uid <= DEFAULT_JOB_UIDS[1]
+        checkpoints = shared / "checkpoints" / job_id
+        assert (checkpoints / "who").read_text().split() == [str(uid), str(uid)]
+        assert private(checkpoints, uid, 0o700)
+        assert private(checkpoints / "who", uid, 0o600)  # the replica's umask is 077
+        logs = shared / "logs" / job_id
+        assert private(logs, uid, 0o700)
+        assert private(logs / "1-0.log", uid, 0o600)
+        scratch = shared / "scratch" / job_id
+        for directory in (scratch, scratch / "home", scratch / "tmp"):
+            assert private(directory, uid, 0o700)
+        home_tmp_user, umask, *_ = replica.log.tail(0)[0]
+        assert home_tmp_user == f"{scratch / 'home'} {scratch / 'tmp'} pollux-{uid}"
+        assert umask == "0077"
+        uids[job_id] = uid
+    assert uids["j-a"] != uids["j-b"]
+    # The uid is the job's for good: asked again (its next generation, another node), the
+    # launcher reads the same claim from etcd.
+    app.launcher._job_users.clear()
+    assert await app.launcher._job_user("j-a") == RunAs(uids["j-a"], uids["j-a"])
+
+
+async def test_a_job_reads_nothing_of_another_job_nor_the_launchers_keys(
+    app: LauncherApp, store: Store, shared: Path
+) -> None:
+    victim = pb.JobSpec(
+        name="victim",
+        command=["/bin/sh", "-c", 'echo secret-output; echo s3cret > "$POLLUX_CHECKPOINT_DIR/s"'],
     )
-    status = await run(store, "j-who", spec)
-    replica = app.launcher.find("j-who", 0)
+    assert (await run(store, "j-victim", victim)).exit_code == 0
+    key = shared / "launcher-key.pem"  # where a launcher's key lives: root's, 0600
+    key.write_text("KEY")
+    key.chmod(0o600)
+    targets = [
+        shared / "checkpoints" / "j-victim" / "s",
+        shared / "logs" / "j-victim" / "1-0.log",
+        shared / "scratch" / "j-victim" / "home",
+        key,
+    ]
+    attempt = "; ".join(
+        f"{'ls' if t.name == 'home' else 'cat'} {t} || echo refused:{t.name}" for t in targets
+    )
+    spec = pb.JobSpec(name="thief", command=["/bin/sh", "-c", attempt])
+    status = await run(store, "j-thief", spec)
+    replica = app.launcher.find("j-thief", 0)
     assert replica is not None
-    assert status.exit_code == 0, replica.log.tail(0)[0]
-    checkpoints = shared / "checkpoints" / "j-who"
-    assert (checkpoints / "who").read_text().split() == [str(NOBODY), str(app.launcher.run_as.gid)]
-    assert (checkpoints / "who").stat().st_uid == NOBODY  # written by the replica itself
-    assert checkpoints.stat().st_uid == NOBODY
-    assert (checkpoints / ".pollux-generation").read_text() == "1\n"
-    assert replica.log.tail(0)[0] == [str(shared / "work")]
+    lines = replica.log.tail(0)[0]
+    assert status.exit_code == 0, lines
+    assert [line for line in lines if line.startswith("refused:")] == [
+        "refused:s",
+        "refused:1-0.log",
+        "refused:home",
+        "refused:launcher-key.pem",
+    ], lines
+    assert not any("s3cret" in line or "secret-output" in line or line == "KEY" for line in lines)
 
 
 async def test_a_refused_job_fails_with_what_to_fix_and_nothing_is_created(
-    app: LauncherApp, store: Store, shared: Path, tmp_path: Path
+    app: LauncherApp, store: Store, shared: Path
 ) -> None:
     spec = pb.JobSpec(
         name="etc",
@@ -124,11 +190,40 @@ async def test_a_refused_job_fails_with_what_to_fix_and_nothing_is_created(
         "directory under them; env variable LD_PRELOAD is refused, as it makes programs the "
         "launcher starts load other code"
     )
-    assert (tmp_path / "logs" / "j-etc" / "1-0.log").read_text() == line + "\n"
+    assert (shared / "logs" / "j-etc" / "1-0.log").read_text() == line + "\n"
     # The status carries the reason too, for the job's history (`describe`).
     assert status.output_tail == line
     assert not (shared / "checkpoints" / "j-etc").exists()
+    assert not (shared / "scratch" / "j-etc").exists()
+    assert await store.get(store.keys.job_user("j-etc"), pb.JobUser) is None
     assert not Path("/etc/oops").exists()
     # The slot is free again: an acceptable job runs.
     ok = pb.JobSpec(name="ok", command=["/bin/sh", "-c", "exit 0"])
     assert (await run(store, "j-ok", ok)).exit_code == 0
+
+
+async def test_one_configured_user_for_every_job_still_works_when_the_operator_insists(
+    etcd: EtcdServer, root: str, store: Store, shared: Path
+) -> None:
+    policy = JobPolicy(allowed_roots=(shared / "work",), run_as_uid=NOBODY)
+    app = LauncherApp(config_for(etcd, root, shared, policy), detect(2), store)
+    await app.start()
+    try:
+        assert app.launcher.run_as is not None
+        assert not app.launcher.per_job_uids
+        spec = pb.JobSpec(
+            name="who", command=["/bin/sh", "-c", REPORT], working_dir=str(shared / "work")
+        )
+        status = await run(store, "j-who", spec)
+        replica = app.launcher.find("j-who", 0)
+        assert replica is not None
+        assert status.exit_code == 0, replica.log.tail(0)[0]
+        checkpoints = shared / "checkpoints" / "j-who"
+        gid = app.launcher.run_as.gid
+        assert (checkpoints / "who").read_text().split() == [str(NOBODY), str(gid)]
+        assert checkpoints.stat().st_uid == NOBODY
+        assert (checkpoints / ".pollux-generation").read_text() == "1\n"
+        assert replica.log.tail(0)[0] == [str(shared / "work")]
+        assert await store.get(store.keys.job_user("j-who"), pb.JobUser) is None
+    finally:
+        await app.stop()

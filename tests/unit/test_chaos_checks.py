@@ -1,8 +1,19 @@
-"""The fault suite's overlap detector (benchmarks/chaos.py), on hand-written tick files."""
+"""The fault suite (benchmarks/chaos.py): its overlap detector on hand-written tick files, its
+faults and its schedule."""
 
 from __future__ import annotations
 
-from benchmarks.chaos import overlapping_generations
+import random
+
+from benchmarks.chaos import (
+    ALL_FAULTS,
+    DISK_FAULTS,
+    DISK_SIZES,
+    FAULTS,
+    MUST_BE_ZERO,
+    overlapping_generations,
+    schedule,
+)
 
 
 def ticks(*rows: tuple[int, int]) -> bytes:
@@ -22,3 +33,19 @@ def test_an_old_generation_ticking_after_the_new_one_started_is_an_overlap() -> 
 
 def test_a_line_cut_short_by_a_kill_is_ignored() -> None:
     assert overlapping_generations(ticks((1, 0), (2, 500)) + b"1 0 7 99") == []
+
+
+def test_the_disk_faults_are_part_of_the_suite_and_must_heal() -> None:
+    assert set(DISK_FAULTS) == {"log_disk_full", "checkpoint_disk_full", "etcd_disk_full"}
+    assert list(ALL_FAULTS) == [*FAULTS, *DISK_FAULTS]
+    assert "unhealed_disk_faults" in MUST_BE_ZERO
+    assert set(DISK_SIZES) == set(DISK_FAULTS)
+
+
+def test_a_long_run_draws_every_fault_at_least_once() -> None:
+
+    for seed in range(20):
+        kinds = schedule(ALL_FAULTS, 50, random.Random(seed))
+        assert len(kinds) == 50
+        assert set(kinds) == set(ALL_FAULTS)
+    assert len(set(schedule(ALL_FAULTS, 3, random.Random(1)))) == 3

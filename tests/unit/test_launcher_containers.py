@@ -176,8 +176,7 @@ def test_a_container_working_dir_is_a_path_in_the_image(tmp_path: Path) -> None:
             launcher_uid=0,
         )
 
-    # In an image, /workspace need not be under the host's allowed roots, and a root launcher
-    # with no run_as_uid runs the container as nobody, which allow_root = false allows.
+    # In an image, /workspace need not be under the host's allowed roots.
     assert refusal(image="train:1", working_dir="/workspace") == ""
     assert "not an absolute path in the image" in refusal(image="train:1", working_dir="work")
     assert "LD_PRELOAD is refused" in refusal(image="train:1", env={"LD_PRELOAD": "x.so"})
@@ -185,9 +184,16 @@ def test_a_container_working_dir_is_a_path_in_the_image(tmp_path: Path) -> None:
     refused = refusal(image="train:1", env={"CONTAINERS_CONF": "/tmp/c.conf", "HOME": "/h"})
     assert "env variable CONTAINERS_CONF is refused, as it configures the container" in refused
     assert "env variable HOME is refused" in refused
-    assert refusal(env={"HOME": "/h"}, working_dir=str(tmp_path), image="") == (
-        "replicas would run as root, which job_policy.allow_root = false forbids: set "
-        "job_policy.run_as_uid on the launcher (e.g. 65534, nobody)"
+    # Without an image, HOME is the job's own business (its replicas run as its own uid).
+    assert refusal(env={"HOME": "/h"}, working_dir=str(tmp_path), image="") == ""
+    as_root = JobPolicy(allowed_roots=(tmp_path,), run_as_uid=0)
+    assert as_root.problems() == ["run_as_uid: 0 is root, which allow_root = false forbids"]
+    assert "job_policy.allow_root = false forbids" in as_root.refusal(
+        pb.JobSpec(name="c", command=["python"]),
+        job_id="j-1",
+        checkpoint_root=tmp_path,
+        default_working_dir=None,
+        launcher_uid=0,
     )
     trusting = JobPolicy(allow_env=("HOME",))
     assert (
@@ -198,4 +204,69 @@ def test_a_container_working_dir_is_a_path_in_the_image(tmp_path: Path) -> None:
     )
     # Without an image the host rules stand.
     assert "outside the allowed roots" in refusal(working_dir="/workspace")
-    assert "allow_root = false forbids" in refusal()
+
+
+RUNTIME_VARIABLES = (
+    # storage (containers-storage.conf(5), podman(1))
+    "STORAGE_DRIVER",
+    "STORAGE_OPTS",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_CONF",
+    "CONTAINERS_CONF_OVERRIDE",
+    "_CONTAINERS_USERNS_CONFIGURED",
+    "_CONTAINERS_ROOTLESS_UID",
+    # registries and their credentials
+    "CONTAINERS_REGISTRIES_CONF",
+    "REGISTRY_AUTH_FILE",
+    "REGISTRIES_CONFIG_PATH",
+    "DOCKER_CONFIG",
+    # the daemon or service the client talks to
+    "CONTAINER_HOST",
+    "CONTAINER_CONNECTION",
+    "CONTAINER_SSHKEY",
+    "PODMAN_CONNECTIONS_CONF",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "SSH_AUTH_SOCK",
+    # proxies, in both cases
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "FTP_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    # CA bundles
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    # configuration lookup and the helpers the runtime finds on PATH
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_RUNTIME_DIR",
+    "TMPDIR",
+    "PATH",
+    "GODEBUG",
+)
+
+
+@pytest.mark.parametrize("name", RUNTIME_VARIABLES)
+def test_every_variable_that_configures_the_runtime_is_refused_in_an_image_job(name: str) -> None:
+    policy = JobPolicy()
+    for where in ("env", "secret_env"):
+        (problem,) = policy.env_problems({name: "x"}, where, container=True)
+        assert problem.startswith(f"{where} variable {name} is refused, as it configures the")
+    # A plain process job sets what it likes of these: they reach only its own program.
+    assert policy.env_problems({name: "x"}, "env", container=False) == []
+    # The operator may trust one explicitly.
+    assert JobPolicy(allow_env=(name,)).env_problems({name: "x"}, "env", container=True) == []
+
+
+def test_ordinary_job_variables_pass_in_an_image_job() -> None:
+    ordinary = {"STORAGE_BUCKET": "b", "REGISTRY_URL": "r", "GOOGLE_CLOUD_PROJECT": "p", "LR": "1"}
+    assert JobPolicy().env_problems(ordinary, "env", container=True) == []

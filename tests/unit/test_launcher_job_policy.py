@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pollux.launcher.config import LauncherConfig
-from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems, give_checkpoint_dir
+from pollux.launcher.job_files import make_private_dir, make_private_subdir, write_file
+from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems
 from pollux.launcher.launcher import GENERATION_FILE, fence_checkpoint_dir
 from pollux.launcher.placement import ReplicaPlan, contract_env, replica_env
 from pollux.launcher.replica import LaunchSpec, with_launcher_fence
@@ -115,18 +116,33 @@ def test_the_checkpoint_dir_must_be_one_component_resolving_inside_its_root(tmp_
 
 
 @as_root
-def test_the_checkpoint_dir_is_given_to_the_replica_user_never_through_a_link(tmp_path):
+def test_a_jobs_directory_is_made_its_users_never_through_a_link(tmp_path):
     directory = tmp_path / "j-1"
-    directory.mkdir()
-    give_checkpoint_dir(directory, RunAs(65534, 65534))
-    assert (directory.stat().st_uid, directory.stat().st_gid) == (65534, 65534)
-    give_checkpoint_dir(directory, None)  # the launcher's own user: nothing to change
+    make_private_dir(directory, RunAs(65534, 65534))
+    info = directory.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (65534, 65534, 0o700)
+    make_private_dir(directory, None)  # the launcher's own user: the mode only
+    assert directory.stat().st_uid == 65534
     target = tmp_path / "target"
     target.mkdir()
     (tmp_path / "link").symlink_to(target)
-    with pytest.raises(NotADirectoryError):
-        give_checkpoint_dir(tmp_path / "link", RunAs(65534, 65534))
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
+        make_private_dir(tmp_path / "link", RunAs(65534, 65534))
     assert target.stat().st_uid == os.geteuid()
+    # Inside a directory the job owns, its planted links are not followed either.
+    (directory / "home").symlink_to(target)
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
+        make_private_subdir(directory, "home", RunAs(65534, 65534))
+    assert target.stat().st_uid == os.geteuid()
+    assert make_private_subdir(directory, "tmp", RunAs(65534, 65534)) == directory / "tmp"
+    assert (directory / "tmp").stat().st_uid == 65534
+    # A file the launcher hands the job replaces whatever the job put under its name.
+    (directory / "ca.pem").symlink_to(tmp_path / "victim")
+    (tmp_path / "victim").write_text("precious")
+    write_file(directory, "ca.pem", b"CA")
+    assert (tmp_path / "victim").read_text() == "precious"
+    assert (directory / "ca.pem").read_bytes() == b"CA"
+    assert not (directory / "ca.pem").is_symlink()
 
 
 def test_the_generation_fence_follows_no_link_the_replica_user_planted(tmp_path):
@@ -206,16 +222,33 @@ def test_reserved_variables_are_refused_and_the_contract_always_wins(tmp_path):
 # -- replica user ---------------------------------------------------------------------------------
 
 
-def test_replicas_run_as_the_configured_user_only_under_a_root_launcher():
-    policy = JobPolicy(run_as_uid=65534)
-    assert policy.run_as(1000) is None  # not root: replicas run as the launcher
-    assert policy.run_as(0) == RunAs(65534, pwd.getpwuid(65534).pw_gid)
+def test_a_root_launcher_runs_each_job_under_its_own_uid_unless_one_is_configured():
+    policy = JobPolicy()
+    assert policy.run_as(0, job_uid=1_879_050_000) == RunAs(1_879_050_000, 1_879_050_000)
+    with pytest.raises(ValueError, match="job's uid"):
+        policy.run_as(0)
+    assert policy.run_as(1000, job_uid=1_879_050_000) is None  # not root: the launcher's user
+    assert policy.per_job_uids(0)
+    assert not policy.per_job_uids(1000)
+    shared = JobPolicy(run_as_uid=65534)
+    assert shared.run_as(1000) is None
+    assert shared.run_as(0) == RunAs(65534, pwd.getpwuid(65534).pw_gid)
+    assert shared.run_as(0, job_uid=5) == RunAs(65534, pwd.getpwuid(65534).pw_gid)
     assert JobPolicy(run_as_uid=65534, run_as_gid=100).run_as(0) == RunAs(65534, 100)
     unknown = 4_000_000
     with pytest.raises(KeyError):
         pwd.getpwuid(unknown)
     assert JobPolicy(run_as_uid=unknown).run_as(0) == RunAs(unknown, unknown)
-    assert JobPolicy().run_as(0) is None  # unset: root, with a warning at start
+
+
+def test_a_launcher_that_cannot_isolate_jobs_says_why_and_what_to_do():
+    assert JobPolicy().isolation_problem(0) == ""
+    not_root = JobPolicy().isolation_problem(1000)
+    assert not_root.startswith("the launcher runs as uid 1000, not root")
+    assert "run the launcher as root" in not_root
+    shared = JobPolicy(run_as_uid=65534).isolation_problem(0)
+    assert shared.startswith("job_policy.run_as_uid = 65534 runs every job's replicas as one user")
+    assert "unset it" in shared
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
@@ -234,13 +267,12 @@ def test_setpriv_switches_the_user_and_keeps_the_parent_death_signal(tmp_path):
     assert with_launcher_fence(spec)[1:] == ["--pdeathsig", "KILL", "--", "true"]
 
 
-def test_allow_root_false_refuses_every_job_of_a_root_launcher_without_a_user(tmp_path):
-    strict = JobPolicy(allow_root=False)
-    reason = refusal(strict, tmp_path, launcher_uid=0)
-    assert "set job_policy.run_as_uid on the launcher (e.g. 65534, nobody)" in reason
-    assert refusal(strict, tmp_path, launcher_uid=1000) == ""
-    assert refusal(JobPolicy(allow_root=False, run_as_uid=65534), tmp_path, launcher_uid=0) == ""
-    assert refusal(JobPolicy(), tmp_path, launcher_uid=0) == ""  # the compatible default
+def test_root_replicas_need_allow_root_and_per_job_uids_never_run_as_root(tmp_path):
+    assert refusal(JobPolicy(), tmp_path, launcher_uid=0) == ""  # per-job uids: never root
+    reason = refusal(JobPolicy(run_as_uid=0, allow_root=False), tmp_path, launcher_uid=0)
+    assert "job_policy.allow_root = false forbids: unset job_policy.run_as_uid" in reason
+    assert refusal(JobPolicy(run_as_uid=0, allow_root=True), tmp_path, launcher_uid=0) == ""
+    assert refusal(JobPolicy(run_as_uid=65534), tmp_path, launcher_uid=0) == ""
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -253,6 +285,7 @@ def test_invalid_settings_are_each_reported():
         allow_env=("LD_*",),
         run_as_uid=-1,
         run_as_gid=2**32,
+        job_uids=(0, 10),
     )
     assert [p.split(":")[0] for p in policy.problems()] == [
         "allowed_roots",
@@ -260,7 +293,10 @@ def test_invalid_settings_are_each_reported():
         "allow_env",
         "run_as_uid",
         "run_as_gid",
+        "job_uids",
     ]
+    assert JobPolicy(job_uids=(10, 5)).problems()[0].startswith("job_uids: [10, 5] must be")
+    assert JobPolicy(job_uids=(10,)).problems()[0].startswith("job_uids: [10] must be")
     assert JobPolicy(run_as_gid=5).problems() == [
         "run_as_gid: set run_as_uid too (a group alone changes nothing)"
     ]
@@ -274,7 +310,7 @@ def test_the_section_loads_from_toml_and_the_environment(tmp_path, monkeypatch):
     path = tmp_path / "launcher.toml"
     path.write_text(
         '[job_policy]\nallowed_roots = ["/srv/jobs", "/tmp"]\ndeny_env = ["AWS_*"]\n'
-        "allow_root = false\n"
+        "allow_root = false\njob_uids = [300000, 365535]\n"
     )
     monkeypatch.setenv("POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID", "65534")
     config = load(LauncherConfig, path, "POLLUX_LAUNCHER")
@@ -283,6 +319,7 @@ def test_the_section_loads_from_toml_and_the_environment(tmp_path, monkeypatch):
         deny_env=("AWS_*",),
         run_as_uid=65534,
         allow_root=False,
+        job_uids=(300000, 365535),
     )
     monkeypatch.setenv("POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID", "0")
     with pytest.raises(ConfigError) as caught:

@@ -49,6 +49,8 @@ class Kind(StrEnum):
     """Audit records of mutations, by time (bounded count and age)."""
     SECRETS = "secrets"
     """Cluster secrets: the key job credentials are made with."""
+    JOB_USERS = "job-users"
+    """Each job's replica uid, by job and by uid (launchers claim and release them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,18 @@ class Keys:
     def job_credential_key(self) -> bytes:
         """The secret job credentials are derived from."""
         return self._key(Kind.SECRETS, "job-credential-key")
+
+    def job_user(self, job_id: str) -> bytes:
+        """The uid claim of a job (`pb.JobUser`), by job id."""
+        return self._key(Kind.JOB_USERS, "jobs", job_id)
+
+    def job_users(self) -> bytes:
+        """Prefix of every job's uid claim, by job id."""
+        return self._key(Kind.JOB_USERS, "jobs", "")
+
+    def job_uid(self, uid: int) -> bytes:
+        """The uid claim of a uid (`pb.JobUser`), zero-padded so keys sort by uid."""
+        return self._key(Kind.JOB_USERS, "uids", f"{uid:010d}")
 
     def name_of(self, key: bytes, kind: Kind) -> str:
         """The id part of a key of a kind: ``name_of(job("j-1"), Kind.JOBS)`` → ``"j-1"``."""

@@ -7,13 +7,23 @@ Ctrl-C stops everything. The end-to-end tests and the control-plane benchmark us
 `LocalCluster` class. The first scheduler replica serves the web dashboard on a free loopback
 port; `pollux-up` prints its address (with the admin token in the fragment on a TLS cluster).
 
-Secure by default: it makes a CA in the work dir (`pki/`), a certificate for etcd and for each
-service, and an admin token; etcd demands client certificates, every port speaks TLS and
-authenticates, and `pollux-up` writes a `pollux-cli` context (~/.config/pollux/config.toml)
-so the CLI works against it with no flags. `--insecure` starts it all in plaintext instead.
+Secure by default: it makes a CA in the work dir (`pki/`, 0700, keys 0600), a certificate for
+etcd and for each service, and an admin token (kept in `pki/admin-token` and reused when
+started again on the same work dir); etcd demands client certificates, every port speaks TLS
+and authenticates, and `pollux-up` writes a `pollux-cli` context (~/.config/pollux/config.toml,
+0600 in a 0700 dir) so the CLI works against it with no flags. Run as root, every job's
+replicas run under a uid of the job's own (the launchers' job_policy), so a job can read no key,
+token or other job's files; run as another user it refuses to start unless told
+`--insecure-replicas` (replicas then run as that user) or `--insecure` (that, and plaintext).
+
+SIGTERM or Ctrl-C stops it in order: launchers first, whose replicas checkpoint and exit 143
+while the rest of the cluster still runs, then schedulers and agents, then etcd; started again
+on the same work dir, the jobs resume from those checkpoints. It watches etcd: a member that
+dies is said in one line (with its last log line and the free space under its data dir) and
+started again once its disk has room.
 
     pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--demo] [--workdir DIR]
-              [--insecure]
+              [--etcd-dir DIR] [--insecure-replicas] [--insecure]
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,13 +47,17 @@ import grpc
 
 from pollux.client import Client
 from pollux.client.config import Context, config_path, write_context
-from pollux.service import pki
+from pollux.service import auth, pki
 from pollux.service.bootstrap import create_token
 from pollux.service.demo import follow_demo
 from pollux.service.store import Store
 from pollux.service.tls import TlsFiles
+from pollux.v1 import types_pb2 as pb
 
 ETCD_HEALTH_FLAGS = ("--auto-compaction-mode=periodic", "--auto-compaction-retention=5m")
+ETCD_ROOM_BYTES = 128 * 1024 * 1024
+"""Free bytes under a dead etcd member's data dir before it is started again: it may rewrite a
+whole 64 MB WAL segment to repair the one a full disk cut short."""
 
 
 def etcd_tls_flags(ca: Path, identity: pki.Issued) -> list[str]:
@@ -123,6 +137,12 @@ class LocalCluster:
             was started from and this checkout, so a job file of a clone anywhere runs.
         dashboard: The first scheduler replica ("scheduler-0") serves the web dashboard on a
             free loopback port (`dashboard_port`, kept across its restarts).
+        replica_isolation: Each job's replicas run under a uid of the job's own (the
+            launchers' default job_policy), which needs root. None: isolated when run as root,
+            else the replicas run as this user and the launchers are told --insecure (they warn
+            at every start); `pollux-up` itself refuses that unless told so.
+        etcd_dir: Where the etcd members keep their data (default: the work dir); a
+            filesystem of its own keeps a job that fills the work dir's from stopping etcd.
     """
 
     workdir: Path
@@ -139,6 +159,8 @@ class LocalCluster:
     dashboard: bool = True
     job_roots: tuple[Path, ...] = ()
     """Directories jobs may run in besides the launchers' defaults (`JobPolicy`)."""
+    replica_isolation: bool | None = None
+    etcd_dir: Path | None = None
     dashboard_port: int | None = None
     """The dashboard's port, once scheduler-0 started with it."""
     admin_token: str | None = None
@@ -149,6 +171,25 @@ class LocalCluster:
     """Every etcd member, in member order."""
     procs: dict[str, Proc] = field(default_factory=dict)
     _etcd_ports: list[tuple[int, int]] = field(default_factory=list)
+    _etcd_down: dict[int, float] = field(default_factory=dict)
+    """Members found dead by `watch_etcd`, with when they were found (monotonic)."""
+
+    @property
+    def isolated(self) -> bool:
+        """Whether replicas run under their job's own uid (see `replica_isolation`)."""
+        if self.replica_isolation is None:
+            return os.geteuid() == 0
+        return self.replica_isolation
+
+    @property
+    def admin_token_file(self) -> Path:
+        """Where the admin token of a secure cluster is kept (0600), reused on restart."""
+        return self.pki_dir / "admin-token"
+
+    def etcd_data_dir(self, index: int) -> Path:
+        """The data dir of etcd member `index`."""
+        name = "etcd" if index == 0 else f"etcd-{index}"
+        return (self.etcd_dir or self.workdir) / name
 
     @property
     def etcd_endpoint(self) -> str:
@@ -233,18 +274,69 @@ class LocalCluster:
         return TlsFiles(self.pki_dir / "ca.pem", identity.cert, identity.key)
 
     async def _bootstrap_admin(self) -> str:
+        """The admin token: the one kept in the work dir if etcd still has it, else a new one.
+
+        So starting again on the same work dir does not mint a second never-expiring token.
+        """
         identity = self._identity("pollux-up")
         tls = TlsFiles(self.pki_dir / "ca.pem", identity.cert, identity.key)
         store = await Store.connect(self.etcd_endpoint, tls=tls)
         try:
-            return await create_token(store, "admin", description="pollux-up")
+            kept = _read_private(self.admin_token_file)
+            parsed = auth.parse_token(kept) if kept else None
+            if parsed is not None:
+                record = await store.get(store.keys.token(parsed[0]), pb.ApiToken)
+                if record is not None and auth.token_matches(parsed[1], record.value.secret_sha256):
+                    expiry = record.value.expire_time.ToNanoseconds()
+                    if not expiry or expiry > time.time_ns():
+                        return kept
+            token = await create_token(store, "admin", description="pollux-up")
+            _write_private(self.admin_token_file, token)
+            return token
         finally:
             await store.close()
 
+    def _prepare_workdir(self) -> None:
+        """Make the work dir's layout with its modes; check job uids can reach their files.
+
+        Keys and logs are the cluster's own (0700); the work dir itself is traversable (0711)
+        so that job uids reach their own checkpoint and scratch directories (0700, theirs).
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o711)
+        for private in (self.workdir / "logs", self.pki_dir):
+            private.mkdir(mode=0o700, exist_ok=True)
+            private.chmod(0o700)
+        if self.etcd_dir is not None:
+            self.etcd_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.isolated:
+            return
+        if os.geteuid() != 0:
+            raise RuntimeError(
+                "replicas can only run under their job's own uid (so that no job reads a key, "
+                "a token or another job's files) when pollux-up runs as root: run it as root, "
+                "or pass --insecure-replicas to run them as your own user"
+            )
+        blocked = _untraversable(self.workdir.resolve())
+        if blocked is not None:
+            raise RuntimeError(
+                f"jobs run under their own uids and cannot reach {self.workdir}: {blocked} is "
+                "not traversable by others; use a --workdir under a directory others may "
+                f"traverse (e.g. /var/tmp), or chmod o+x {blocked}"
+            )
+        environment = Path(sys.prefix).resolve()
+        blocked = _untraversable(environment)
+        if blocked is not None or not os.stat(environment).st_mode & 0o005:
+            raise RuntimeError(
+                f"jobs run under their own uids and cannot use this Python environment "
+                f"({environment}): {blocked or environment} is not readable by others; "
+                "install it where others may read it (chmod -R o+rX), or pass "
+                "--insecure-replicas"
+            )
+
     def start(self) -> LocalCluster:
         """Start every process and wait until each listens."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "logs").mkdir(exist_ok=True)
+        self._prepare_workdir()
         try:
             self._start_etcd()
             if self.secure:
@@ -324,7 +416,7 @@ class LocalCluster:
         argv = [
             etcd,
             f"--name=pollux-local-{index}",
-            f"--data-dir={self.workdir / name}",
+            f"--data-dir={self.etcd_data_dir(index)}",
             f"--listen-client-urls={scheme}://127.0.0.1:{client}",
             f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
             f"--listen-peer-urls={scheme}://127.0.0.1:{peer}",
@@ -404,6 +496,8 @@ class LocalCluster:
             *("--node-name", name, "--gpus", str(self.gpus_per_node)),
             *("--checkpoint-root", str(self.workdir / "checkpoints")),
             *("--log-root", str(self.workdir / "replica-logs")),
+            *("--scratch-root", str(self.workdir / "scratch")),
+            *(() if self.isolated else ("--insecure",)),
             env=env,
         )
 
@@ -416,21 +510,28 @@ class LocalCluster:
             proc.process.wait(30)
 
     def stop(self) -> None:
-        """SIGTERM every process (launchers first, so replicas checkpoint), then etcd."""
-        order = sorted(self.procs, key=lambda n: (not n.startswith("node"), n))
-        for name in order:
-            proc = self.procs[name].process
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for name in order:
-            proc = self.procs[name].process
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        """Stop in order: launchers, then schedulers and agents, then etcd (SIGTERM each).
+
+        The launchers go first and alone: their replicas checkpoint and exit 143 (within their
+        stop grace) while the schedulers, agents and etcd they report to still run; so a
+        cluster started again on the same work dir resumes every job from where it stopped.
+        """
+        launchers = sorted(n for n in self.procs if n.startswith("node"))
+        others = sorted(n for n in self.procs if not n.startswith("node"))
+        for group in (launchers, others):
+            for name in group:
+                proc = self.procs[name].process
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+            for name in group:
+                proc = self.procs[name].process
+                try:
+                    proc.wait(STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         for member in self.etcd_procs:
             if member.process.poll() is None:
                 member.process.terminate()
@@ -441,11 +542,110 @@ class LocalCluster:
                 member.process.kill()
                 member.process.wait()
 
+    def write_cli_context(self, path: Path, name: str = "local") -> Path:
+        """Write a `pollux-cli` context for this cluster as the admin: 0600 in a 0700 dir."""
+        servers = ",".join(self.scheduler_addresses)
+        context = Context(server=servers, ca_file=self.ca_file, token=self.admin_token)
+        write_context(path, name, context)
+        path.parent.chmod(0o700)  # the token's directory: the admin's alone
+        return path
+
+    def watch_etcd(self, say: Callable[[str], None] = print) -> list[int]:
+        """Say in one line when an etcd member has died; start it again once it has room.
+
+        Call it periodically (`pollux-up` does, every second). A member is started again once
+        the filesystem under its data dir has `ETCD_ROOM_BYTES` free (a member that died of a
+        full disk would die again at once), and that is said too. Returns the members started.
+        """
+        restarted = []
+        for index, member in enumerate(self.etcd_procs):
+            code = member.process.poll()
+            if code is None:
+                continue
+            data = self.etcd_data_dir(index)
+            free = _free_bytes(data)
+            if index not in self._etcd_down:
+                self._etcd_down[index] = time.monotonic()
+                last = _last_line(member.log) or "(no output)"
+                say(
+                    f"pollux-up: etcd member {member.name} exited with code {code}: {last}; "
+                    f"{_shown_bytes(free)} free under {data}"
+                    + ("" if free >= ETCD_ROOM_BYTES else "; it starts again once space is freed")
+                )
+            if free < ETCD_ROOM_BYTES:
+                continue
+            try:
+                self.restart_etcd_member(index)
+            except RuntimeError as error:
+                say(f"pollux-up: etcd member {member.name} did not start again: {error}")
+                continue
+            del self._etcd_down[index]
+            restarted.append(index)
+            say(f"pollux-up: etcd member {member.name} started again")
+        return restarted
+
     def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+STOP_WAIT_S = 60.0
+"""How long `stop` waits for each process after SIGTERM before SIGKILL (a launcher's replicas
+get their stop grace, 30 s by default, within it)."""
+
+
+def _read_private(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a secret file: 0600 from its creation, replaced atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def _untraversable(path: Path) -> Path | None:
+    """The first of `path` and its parents that others may not traverse (no o+x), or None."""
+    for directory in [*reversed(path.parents), path]:
+        try:
+            mode = directory.stat().st_mode
+        except OSError:
+            return directory
+        if not mode & 0o001:
+            return directory
+    return None
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes free for root under `path` (or its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    info = os.statvfs(path)
+    return info.f_bfree * info.f_frsize
+
+
+def _shown_bytes(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count} bytes"
+
+
+def _last_line(log: Path) -> str:
+    """The last non-empty line of a process's log (its dying words), cut to 300 characters."""
+    try:
+        with log.open("rb") as lines:
+            lines.seek(0, os.SEEK_END)
+            lines.seek(max(0, lines.tell() - 4096))
+            tail = lines.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return tail[-1].strip()[:300] if tail else ""
 
 
 REPO = Path(__file__).resolve().parents[4]
@@ -458,8 +658,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point of `pollux-up`."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pollux-up", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2, help="launchers (nodes) to start")
     parser.add_argument("--gpus", type=int, default=2, help="CPU 'GPU slots' per node")
@@ -484,16 +683,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checkout always are, besides /tmp, /var/tmp, /srv and /home)",
     )
     parser.add_argument(
+        "--etcd-dir",
+        type=Path,
+        help="where etcd keeps its data (default: the work dir); a filesystem of its own keeps "
+        "a job that fills the work dir's from stopping etcd",
+    )
+    parser.add_argument(
+        "--insecure-replicas",
+        action="store_true",
+        help="run every job's replicas as the user running pollux-up, not under a uid of the "
+        "job's own (what a non-root pollux-up needs): jobs can then read each other's files "
+        "and the cluster's keys",
+    )
+    parser.add_argument(
         "--insecure",
         action="store_true",
-        help="no TLS, no authentication (loopback only; for debugging)",
+        help="no TLS, no authentication, no replica isolation (loopback only; for debugging)",
     )
     parser.add_argument(
         "--context",
         default="local",
         help="name of the pollux-cli context written for this cluster (default local)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _announce(cluster: LocalCluster, context_name: str) -> None:
+    """Say where everything is, and write the CLI's context (a secure cluster)."""
+    servers = ",".join(cluster.scheduler_addresses)
+    logs = cluster.workdir / "logs"
+    print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {logs}")
+    link = cluster.dashboard_link()
+    if link is not None:
+        print(f"dashboard: {link}")
+        if cluster.secure:
+            print(
+                f"  (HTTPS under the cluster's own CA, {cluster.ca_file}: accept the browser's "
+                "certificate warning once, or import that CA)"
+            )
+    if not cluster.isolated:
+        print(
+            "pollux-up: WARNING: replicas run as this user, not under a uid of their job's own: "
+            "a job can read the cluster's keys, the admin token and other jobs' files",
+            flush=True,
+        )
+    if cluster.secure:
+        path = cluster.write_cli_context(config_path(os.environ), context_name)
+        print(f"TLS and tokens on; pollux-cli context {context_name!r} (admin) written to {path}")
+        print("use it with:  pollux-cli ls", flush=True)
+    else:
+        print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of `pollux-up`."""
+    args = _parser().parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-up-"))
     cluster = LocalCluster(
         workdir,
@@ -504,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         interval_s=args.interval,
         secure=not args.insecure,
         job_roots=tuple(dict.fromkeys([Path.cwd().resolve(), REPO, *args.allow_root])),
+        replica_isolation=not (args.insecure or args.insecure_replicas),
+        etcd_dir=args.etcd_dir,
     )
     # Both explicitly: a shell that starts pollux-up in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -514,36 +760,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as error:
         print(f"pollux-up: {error}", file=sys.stderr)
         return 1
-    servers = ",".join(cluster.scheduler_addresses)
-    print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {workdir / 'logs'}")
-    link = cluster.dashboard_link()
-    if link is not None:
-        print(f"dashboard: {link}")
-        if cluster.secure:
-            print(
-                f"  (HTTPS under the cluster's own CA, {cluster.ca_file}: accept the browser's "
-                "certificate warning once, or import that CA)"
-            )
-    if cluster.secure:
-        path = config_path(os.environ)
-        context = Context(server=servers, ca_file=cluster.ca_file, token=cluster.admin_token)
-        write_context(path, args.context, context)
-        print(f"TLS and tokens on; pollux-cli context {args.context!r} (admin) written to {path}")
-        print("use it with:  pollux-cli ls", flush=True)
-    else:
-        print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
+    except KeyboardInterrupt:
+        return 130  # start() stopped what it had started
     try:
+        _announce(cluster, args.context)
         if args.demo:
             with cluster.client() as client:
                 return follow_demo(client, Path(args.demo), dashboard=cluster.dashboard_link)
         print("Ctrl-C stops it", flush=True)
         while True:
-            time.sleep(3600)
+            time.sleep(1.0)
+            cluster.watch_etcd(lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         return 130
     finally:
         print("stopping the cluster ...", flush=True)
+        # A second Ctrl-C or SIGTERM must not cut the orderly stop short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         cluster.stop()
+        print("stopped", flush=True)
 
 
 if __name__ == "__main__":

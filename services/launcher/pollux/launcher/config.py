@@ -45,6 +45,18 @@ class LauncherConfig:
     clusters, since a job's next generation may run on other nodes."""
     log_root: Path = Path("/var/log/pollux/replicas")
     """Replica output goes to <log_root>/<job_id>/<generation>-<rank>.log."""
+    scratch_root: Path = Path("/var/lib/pollux/scratch")
+    """Node-local: <scratch_root>/<job_id> holds the replicas' private HOME and TMPDIR and a
+    copy of the CA certificate (job_files.py)."""
+    log_max_bytes: int = 64 * 1024 * 1024
+    """A replica's log file is rotated at this size (replica_log.py)."""
+    log_rotations: int = 2
+    """Rotated log files kept per replica (.1, .2, ...); 0 truncates instead."""
+    file_retention_s: float = 7 * 24 * 3600.0
+    """A finished job's checkpoint, log and scratch directories are removed this long after
+    it finished (job_files.py); its uid is released then too."""
+    sweep_s: float = 300.0
+    """How often finished jobs' files are looked for, and free space checked."""
     default_working_dir: Path | None = None
     """Working directory of replicas whose spec names none; unset means the launcher's own."""
     default_stop_grace_s: float = 30.0
@@ -87,9 +99,15 @@ class LauncherConfig:
         out = self._identity_problems()
         if self.lease_ttl_s < 2:
             out.append("lease_ttl_s: must be >= 2 (keep-alives are sent every ttl/3)")
-        for name in ("checkpoint_root", "log_root"):
+        for name in ("checkpoint_root", "log_root", "scratch_root"):
             if not str(getattr(self, name)):
                 out.append(f"{name}: must be a directory path")
+        if self.log_max_bytes < 4096:
+            out.append("log_max_bytes: must be >= 4096")
+        if not 0 <= self.log_rotations <= 100:
+            out.append("log_rotations: must be in [0, 100]")
+        if self.file_retention_s < 0:
+            out.append("file_retention_s: must be >= 0")
         if self.default_stop_grace_s < 0:
             out.append("default_stop_grace_s: must be >= 0")
         low_high = self.port_range
@@ -101,6 +119,7 @@ class LauncherConfig:
             "log_ring_lines": self.log_ring_lines,
             "resync_s": self.resync_s,
             "barrier_poll_s": self.barrier_poll_s,
+            "sweep_s": self.sweep_s,
         }
         out.extend(f"{name}: must be > 0" for name, value in positive.items() if value <= 0)
         if self.replica_history < 0:

@@ -30,24 +30,26 @@ like any replica that cannot start. The rules, and why:
   ``WORLD_SIZE``, ``MASTER_ADDR``, ``CUDA_VISIBLE_DEVICES``, …) may be set, for runs outside
   Pollux, but the launcher's values replace them (placement.replica_env), so none can be
   overridden.
-- **User.** A launcher that is not root runs replicas as itself. A root launcher runs them as
-  `JobPolicy.run_as_uid` / `run_as_gid` (with no supplementary groups; setpriv switches, in
-  the replica's own process, keeping its parent-death signal) and gives that user the
-  job's checkpoint directory, the one place a replica must write (its output goes through a
-  pipe to the launcher, which writes the log). Unset, replicas run as root — the default, so
-  that existing clusters, whose job files may be readable by root alone, keep working — with a
-  warning at every launcher start; ``allow_root = false`` refuses to run them as root instead.
-  All jobs share the one uid, so they are isolated from the host, not from each other.
+- **User.** A root launcher runs each job's replicas under a uid of the job's own, from
+  `JobPolicy.job_uids` (job_users.py: claimed in etcd, the same on every node, never two live
+  jobs on one), with a gid of the same number and no supplementary groups (setpriv switches,
+  in the replica's own process, keeping its parent-death signal), a private ``HOME`` and
+  ``TMPDIR`` and umask 077; that uid owns the job's checkpoint, log and scratch directories,
+  mode 0700 (job_files.py). So a replica can read no other job's files and no file of the
+  launcher's (its key, the CA key, an admin's ``~/.config/pollux``), none of which is ever
+  world-readable. A launcher that cannot do this — not root, or configured with
+  `JobPolicy.run_as_uid`, one uid for every job (``allow_root = true`` makes that root) —
+  refuses to start unless told ``--insecure``, and then warns at every start
+  (`isolation_problem`).
 - **Containers** (a job naming an ``image``; containers.py). ``working_dir`` is a path in the
-  image, so it need only be absolute; the replica user is the same ``run_as_uid``, or nobody
-  (65534) for a root launcher with none set, so ``allow_root = false`` has nothing to refuse.
-  The environment rules stand (the runtime's client, a host program running as the launcher's
+  image, so it need only be absolute; the container runs as the job's uid too. The
+  environment rules stand (the runtime's client, a host program running as the launcher's
   user, gets the job's variables so that it can pass them on by name), and a job may not set
-  what configures that client either (`RUNTIME_CLIENT_PREFIXES`, `RUNTIME_CLIENT_NAMES`:
-  ``CONTAINERS_CONF`` or ``HOME`` could point root's podman at a job-written configuration,
-  ``DOCKER_HOST`` docker at another daemon); `JobPolicy.allow_env` lifts that too. A host
-  path a job mounts must lie in the launcher's ``container_mounts_allowed``
-  (`containers.mount_problems`).
+  what configures that client or the runtime behind it either (`RUNTIME_CLIENT_PREFIXES`,
+  `RUNTIME_CLIENT_NAMES`: storage, registries and their credentials, proxies, CA bundles, the
+  daemon or service it talks to, its configuration lookup, the Go runtime's knobs);
+  `JobPolicy.allow_env` lifts that too. A host path a job mounts must lie in the launcher's
+  ``container_mounts_allowed`` (`containers.mount_problems`).
 """
 
 from __future__ import annotations
@@ -65,29 +67,88 @@ LOADER_PREFIXES = ("LD_",)
 """Environment prefixes of the dynamic loader, refused in a job's environment."""
 LOADER_NAMES = ("GLIBC_TUNABLES", "GCONV_PATH")
 """Other variables that make glibc load job-chosen code or parse job input as root does."""
-RUNTIME_CLIENT_PREFIXES = ("CONTAINERS_", "CONTAINER_", "DOCKER_", "PODMAN_", "BUILDAH_", "XDG_")
-"""Variables the container runtimes' clients read, refused in an image job's environment."""
+# What configures a container runtime's client, or the runtime it drives, from the client's
+# environment (checked against the runtimes' own documentation):
+# - podman(1), "Environment Variables" (https://docs.podman.io/en/latest/markdown/podman.1.html):
+#   CONTAINERS_CONF, CONTAINERS_REGISTRIES_CONF, CONTAINERS_STORAGE_CONF, CONTAINER_CONNECTION,
+#   CONTAINER_HOST, CONTAINER_SSHKEY, CONTAINER_PASSPHRASE, PODMAN_CONNECTIONS_CONF, STORAGE_DRIVER,
+#   STORAGE_OPTS, TMPDIR, XDG_CONFIG_HOME, XDG_DATA_HOME, XDG_RUNTIME_DIR, and proxies ("podman
+#   run" passes HTTP_PROXY, HTTPS_PROXY, FTP_PROXY, NO_PROXY into containers unless
+#   --http-proxy=false); containers-storage.conf(5) (STORAGE_DRIVER, STORAGE_OPTS override the
+#   file), containers.conf(5) (CONTAINERS_CONF, CONTAINERS_CONF_OVERRIDE, $HOME/.config),
+#   containers-registries.conf(5), containers-auth.json(5) (REGISTRY_AUTH_FILE, DOCKER_CONFIG),
+#   and podman's own re-exec markers for rootless user namespaces (_CONTAINERS_USERNS_CONFIGURED,
+#   _CONTAINERS_ROOTLESS_UID, _CONTAINERS_ROOTLESS_GID);
+# - docker's CLI, "Environment variables" (https://docs.docker.com/reference/cli/docker/):
+#   DOCKER_API_VERSION, DOCKER_CERT_PATH, DOCKER_CONFIG, DOCKER_CONTENT_TRUST*,
+#   DOCKER_CONTEXT, DOCKER_CUSTOM_HEADERS, DOCKER_DEFAULT_PLATFORM, DOCKER_HOST, DOCKER_TLS,
+#   DOCKER_TLS_VERIFY, BUILDKIT_PROGRESS; "Use a proxy server with the Docker CLI"
+#   (https://docs.docker.com/engine/cli/proxy/): HTTP_PROXY, HTTPS_PROXY, FTP_PROXY, NO_PROXY,
+#   ALL_PROXY in either case;
+# - both clients are Go programs: Go's net/http reads the proxy variables above and
+#   crypto/x509 reads SSL_CERT_FILE and SSL_CERT_DIR (a job-chosen CA bundle would let it trust
+#   a registry impostor); REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE and the other CA-bundle names go
+#   too, for the helpers (credential helpers, hooks) the runtimes start; GODEBUG & co. tune the
+#   Go runtime itself.
+RUNTIME_CLIENT_PREFIXES = (
+    "CONTAINERS_",
+    "CONTAINER_",
+    "_CONTAINERS_",
+    "DOCKER_",
+    "PODMAN_",
+    "BUILDAH_",
+    "BUILDKIT_",
+    "XDG_",
+)
+"""Prefixes of variables that configure the runtime's client, refused in an image job's env."""
+PROXY_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PROXY", "ALL_PROXY")
+"""Proxy variables, refused in either case (http_proxy too: Go and curl read both)."""
+CA_BUNDLE_NAMES = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NIX_SSL_CERT_FILE",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+)
+"""CA bundle variables: which authorities the client (or a helper it runs) trusts."""
 RUNTIME_CLIENT_NAMES = (
     "HOME",
     "TMPDIR",
+    "PATH",
+    "STORAGE_DRIVER",
+    "STORAGE_OPTS",
     "REGISTRY_AUTH_FILE",
+    "REGISTRIES_CONFIG_PATH",
+    "SSH_AUTH_SOCK",
     "NOTIFY_SOCKET",
     "LISTEN_FDS",
     "LISTEN_PID",
     "LISTEN_FDNAMES",
+    "DBUS_SESSION_BUS_ADDRESS",
     "GODEBUG",
     "GOTRACEBACK",
     "GOMAXPROCS",
     "GOGC",
     "GOMEMLIMIT",
+    *PROXY_NAMES,
+    *(name.lower() for name in PROXY_NAMES),
+    *CA_BUNDLE_NAMES,
 )
-"""More of them (configuration lookup, socket activation, the Go runtime's knobs)."""
+"""More of them: configuration lookup (PATH finds the helpers the runtime starts: conmon,
+the OCI runtime), storage, registries, socket activation, the Go runtime, proxies, CA bundles."""
 RESERVED_PREFIX = "POLLUX_"
 """The replica contract's prefix (docs/architecture.md §7)."""
 _ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MAX_ID = 2**32 - 2
 """Largest uid or gid (2**32 - 1 is the kernel's "no change")."""
+DEFAULT_JOB_UIDS = (0x70000000, 0x7000FFFF)
+"""65,536 uids from 1879048192: above every range systemd gives accounts, dynamic users and
+containers (https://systemd.io/UIDS-GIDS/: containers end at 0x6FFFFFFF) and below 2**31,
+which some tools still read as a signed number."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,12 +169,16 @@ class JobPolicy:
     """More environment variables jobs may not set: names, or prefixes ending in ``*``."""
     allow_env: tuple[str, ...] = ()
     """Names exempt from the built-in loader denylist (e.g. ``LD_LIBRARY_PATH``)."""
+    job_uids: tuple[int, ...] = DEFAULT_JOB_UIDS
+    """Inclusive [low, high] range of the uids jobs' replicas run as, one per job (the same
+    range on every launcher of a cluster; no account of the node may use these uids)."""
     run_as_uid: int | None = None
-    """Uid replicas run as when the launcher is root (e.g. 65534, nobody); unset: root."""
+    """One uid for every job's replicas instead of one per job: jobs can then read each
+    other's files, so the launcher needs --insecure (unset: per-job uids)."""
     run_as_gid: int | None = None
-    """Gid replicas run as; unset: the primary group of `run_as_uid` (else the same number)."""
-    allow_root: bool = True
-    """Whether a root launcher may run replicas as root (only with `run_as_uid` unset or 0)."""
+    """Gid with `run_as_uid`; unset: the primary group of `run_as_uid` (else the same number)."""
+    allow_root: bool = False
+    """Whether `run_as_uid` may be 0 (root)."""
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
@@ -134,12 +199,45 @@ class JobPolicy:
             out.append("run_as_gid: set run_as_uid too (a group alone changes nothing)")
         if self.run_as_uid == 0 and not self.allow_root:
             out.append("run_as_uid: 0 is root, which allow_root = false forbids")
+        uids = self.job_uids
+        if len(uids) != 2 or not 1 <= uids[0] <= uids[1] <= _MAX_ID:
+            out.append(
+                f"job_uids: {list(uids)} must be [low, high] with 1 <= low <= high <= {_MAX_ID}"
+            )
         return out
 
-    def run_as(self, launcher_uid: int) -> RunAs | None:
-        """Whom replicas run as, or None for the launcher's own user (see module docstring)."""
-        if launcher_uid != 0 or self.run_as_uid is None:
+    def isolation_problem(self, launcher_uid: int) -> str:
+        """Why replicas would not each run under their job's own uid; "" when they will."""
+        if launcher_uid != 0:
+            return (
+                f"the launcher runs as uid {launcher_uid}, not root, so every replica would run "
+                "as the launcher's own user and could read its key and every other job's "
+                "files: run the launcher as root (replicas then get a uid of their job's own "
+                "from job_policy.job_uids)"
+            )
+        if self.run_as_uid is not None:
+            return (
+                f"job_policy.run_as_uid = {self.run_as_uid} runs every job's replicas as one "
+                "user, who can read every job's checkpoints and logs: unset it (replicas then "
+                "get a uid of their job's own from job_policy.job_uids)"
+            )
+        return ""
+
+    def run_as(self, launcher_uid: int, job_uid: int | None = None) -> RunAs | None:
+        """Whom a job's replicas run as, or None for the launcher's own user.
+
+        `job_uid` is the job's claimed uid (job_users.py), used when the launcher is root and
+        `run_as_uid` is unset.
+
+        Raises:
+            ValueError: A root launcher with per-job uids was given no `job_uid`.
+        """
+        if launcher_uid != 0:
             return None
+        if self.run_as_uid is None:
+            if job_uid is None:
+                raise ValueError("a root launcher runs replicas under their job's uid: give it")
+            return RunAs(job_uid, job_uid)
         gid = self.run_as_gid
         if gid is None:
             try:
@@ -148,9 +246,13 @@ class JobPolicy:
                 gid = self.run_as_uid
         return RunAs(self.run_as_uid, gid)
 
+    def per_job_uids(self, launcher_uid: int) -> bool:
+        """Whether each job's replicas get a uid of their own (`isolation_problem` is "")."""
+        return not self.isolation_problem(launcher_uid)
+
     def root_refused(self, launcher_uid: int) -> bool:
         """Whether replicas would run as root, which `allow_root = false` forbids."""
-        runs_as_root = launcher_uid == 0 and not self.run_as_uid
+        runs_as_root = launcher_uid == 0 and self.run_as_uid == 0
         return runs_as_root and not self.allow_root
 
     def refusal(
@@ -180,8 +282,8 @@ class JobPolicy:
         ]
         if self.root_refused(launcher_uid) and not image:
             problems.append(
-                "replicas would run as root, which job_policy.allow_root = false forbids: set "
-                "job_policy.run_as_uid on the launcher (e.g. 65534, nobody)"
+                "replicas would run as root, which job_policy.allow_root = false forbids: unset "
+                "job_policy.run_as_uid on the launcher (replicas then get their job's own uid)"
             )
         return "; ".join(problems)
 
@@ -277,18 +379,3 @@ def inside(path: str, roots: Iterable[Path]) -> bool:
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
     return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
-
-
-def give_checkpoint_dir(directory: Path, run_as: RunAs | None) -> None:
-    """Make the job's checkpoint directory (already created) the replica user's.
-
-    The directory itself only, never followed if it is a link: its files are the replicas' own.
-
-    Raises:
-        OSError: It is not a directory, or could not be changed.
-    """
-    if run_as is None:
-        return
-    if directory.is_symlink() or not directory.is_dir():
-        raise NotADirectoryError(f"{directory} is not a directory")
-    os.chown(directory, run_as.uid, run_as.gid, follow_symlinks=False)

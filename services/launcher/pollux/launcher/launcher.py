@@ -29,6 +29,13 @@ runs each replica as the runtime's ``run`` client (containers.py), supervised li
 process; a launcher with ``runtime = "process"`` refuses such a job (its replicas exit 127
 saying so), and jobs without an image run as processes whatever the runtime.
 
+Users and files. A root launcher runs each job's replicas under the job's own uid (claimed in
+etcd, job_users.py) with a private HOME and TMPDIR; the job's checkpoint, log and scratch
+directories are that uid's, mode 0700, and are removed by the launcher's sweep once the job is
+over and ``file_retention_s`` has passed (job_files.py), which also releases the uid. The sweep
+checks the roots' free space too: a full one is said in one ``disk_full`` line and the
+``pollux_launcher_root_full`` gauge until space returns.
+
 Orphans. A RUNNING status that names this node but no replica this process started belongs
 to a previous launcher process that died without stopping it. Its process (if it still exists
 and carries the job's environment) is stopped, and the status is closed as a planned stop
@@ -41,6 +48,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -53,6 +61,7 @@ from typing import Any
 import prometheus_client
 import structlog
 
+from pollux.launcher import job_files, job_users
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.containers import (
     NOBODY,
@@ -66,7 +75,7 @@ from pollux.launcher.containers import (
 )
 from pollux.launcher.fence import fence_margin, fence_token, kill_fenced
 from pollux.launcher.gpus import Inventory
-from pollux.launcher.job_policy import RunAs, give_checkpoint_dir
+from pollux.launcher.job_policy import RunAs, checkpoint_problems
 from pollux.launcher.placement import (
     PlacementError,
     ReplicaPlan,
@@ -77,6 +86,7 @@ from pollux.launcher.placement import (
     replica_env,
 )
 from pollux.launcher.replica import PLANNED_STOP, LaunchSpec, Replica
+from pollux.launcher.replica_log import DISK_FULL_ERRNOS
 from pollux.launcher.watchdog import WatchdogLink
 from pollux.service.auth import job_credential
 from pollux.service.config import ConfigError
@@ -115,6 +125,19 @@ RECONCILE_PASSES = prometheus_client.Counter(
 )
 LEASE_LOSSES = prometheus_client.Counter(
     "pollux_launcher_lease_losses_total", "Times the node registration lease was lost."
+)
+ROOT_FULL = prometheus_client.Gauge(
+    "pollux_launcher_root_full",
+    "1 while a root of the launcher (checkpoint, log, scratch) has no space left for jobs.",
+    ["root"],
+)
+REPLICA_DISK_FULL = prometheus_client.Counter(
+    "pollux_launcher_replica_disk_full_total",
+    "Replicas that failed on a full disk (ENOSPC/EDQUOT); their jobs fail rather than restart.",
+)
+FILES_REMOVED = prometheus_client.Counter(
+    "pollux_launcher_job_dirs_removed_total",
+    "Job directories removed after their retention (or reclaimed from a released uid).",
 )
 
 _PORT_PROBES = 64
@@ -177,6 +200,23 @@ class NodeNameInUseError(ConfigError):
 
 
 @dataclass(frozen=True, slots=True)
+class _JobDirs:
+    """A job's directories on this node (job_files.py)."""
+
+    checkpoint: Path
+    home: Path
+    tmp: Path
+    ca: Path | None
+
+
+_SESSION_VARIABLES = frozenset({"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "KRB5CCNAME", "MAIL"})
+"""The launcher's own session's variables, not passed on to replicas."""
+_TERMINAL = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+FULL_BYTES = 1024 * 1024
+"""A root with less than this available to jobs counts as full."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Current:
     """A job's allocation as last seen, with the mod revision launches are conditioned on."""
 
@@ -232,8 +272,17 @@ class Launcher:
         """Reconcile passes finished (successful or not): what "the launcher looked" means."""
         self._scan_orphans = True
         self._uid = os.geteuid()
-        self.run_as = config.job_policy.run_as(self._uid)
-        """Whom replicas run as (job_policy), or None for the launcher's own user."""
+        policy = config.job_policy
+        self.per_job_uids = policy.per_job_uids(self._uid)
+        """Whether each job's replicas run under the job's own uid (job_users.py)."""
+        self.run_as = None if self.per_job_uids else policy.run_as(self._uid)
+        """Whom every replica runs as when jobs share a user (``--insecure``); None when each
+        job has its own (`job_user`) or replicas run as the launcher's user."""
+        self._job_users: dict[str, RunAs] = {}
+        """Each job's claimed user, once read or claimed."""
+        self._reclaimed: set[str] = set()
+        """Jobs whose uid's leftovers of other jobs were removed on this node."""
+        self._full_roots: set[str] = set()
         self.fence_token = fence_token(config.etcd.endpoint, config.etcd.root, self.node_name)
         self._keyring = JobKeyring(store)
         self.runtime_binary = None if config.runtime == "process" else find_runtime(config.runtime)
@@ -284,6 +333,8 @@ class Launcher:
             StoreError: etcd refused the registration (the process should exit).
         """
         self.advertise = address
+        for name, path in self._roots().items():
+            job_files.make_root(path, job_files.ROOT_MODES[name])
         await self._claim_name()
         self._warn_about_replica_user()
         strays = kill_fenced(self.fence_token)
@@ -296,6 +347,7 @@ class Launcher:
             self._loops = [
                 asyncio.create_task(self._watch_loop()),
                 asyncio.create_task(self._reconcile_loop()),
+                asyncio.create_task(self._sweep_loop()),
             ]
         self._log.info(
             "node_registered",
@@ -328,31 +380,25 @@ class Launcher:
             self._log.warning("stray_containers_removed", containers=names)
 
     def _warn_about_replica_user(self) -> None:
-        """Say loudly, at every start, when replicas will run as root (job_policy)."""
+        """Say at every start whom replicas run as; loudly when jobs are not isolated."""
         policy = self.config.job_policy
-        if self._uid != 0:
-            if policy.run_as_uid is not None and policy.run_as_uid != self._uid:
-                self._log.warning(
-                    "job_policy_run_as_ignored",
-                    run_as_uid=policy.run_as_uid,
-                    uid=self._uid,
-                    reason="the launcher is not root: replicas run as the launcher's user",
-                )
-            return
-        if self.run_as is not None and self.run_as.uid != 0:
-            self._log.info("replicas_run_as", uid=self.run_as.uid, gid=self.run_as.gid)
-        elif policy.allow_root:
+        problem = policy.isolation_problem(self._uid)
+        if problem:
             self._log.warning(
-                "replicas_run_as_root",
-                reason="the launcher is root and job_policy.run_as_uid is unset: every job's "
-                "command runs as root on this node; set job_policy.run_as_uid (e.g. 65534) "
-                "or job_policy.allow_root = false",
+                "replicas_not_isolated",
+                reason=f"started with --insecure: {problem}",
+                uid=self._uid if self.run_as is None else self.run_as.uid,
             )
-        else:
+            return
+        low, high = policy.job_uids[0], policy.job_uids[1]
+        self._log.info("replicas_run_as_job_uids", low=low, high=high)
+        taken = sorted(e.pw_name for e in pwd.getpwall() if low <= e.pw_uid <= high)
+        if taken:
             self._log.warning(
-                "replicas_refused_as_root",
-                reason="job_policy.allow_root = false and run_as_uid is unset: every job "
-                "this node is given fails until job_policy.run_as_uid is set",
+                "job_uids_overlap_accounts",
+                accounts=taken[:10],
+                reason="these accounts' uids are in job_policy.job_uids: a job given one of "
+                "them could read that account's files; move the range",
             )
 
     async def stop(self) -> None:
@@ -605,7 +651,6 @@ class Launcher:
         generation = current.allocation.generation
         agents, _ = await self.store.list_agents()
         agent_addrs = [m.address for m in ranked(job_id, [a.value for a in agents], key=_id)]
-        checkpoint_dir = self.config.checkpoint_root / job_id
         refusal = self.config.job_policy.refusal(
             spec,
             job_id=job_id,
@@ -615,14 +660,16 @@ class Launcher:
         )
         if spec.image:
             refusal = "; ".join(filter(None, [*self._container_problems(job_id, spec), refusal]))
+        owner = self.run_as
+        if not refusal:
+            try:
+                owner = await self._job_user(job_id)
+            except job_users.NoFreeUid as error:
+                refusal = str(error)
+            except ValueError as error:  # a claim outside this launcher's range
+                refusal = str(error)
         if refusal:  # nothing of it is created; its replicas exit 127 with the reason
             self._log.warning("job_refused", job_id=job_id, reason=refusal)
-        else:
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            fence_checkpoint_dir(checkpoint_dir, generation)
-            give_checkpoint_dir(
-                checkpoint_dir, self._container_user() if spec.image else self.run_as
-            )
         grace = float(spec.stop_grace_s or self.config.default_stop_grace_s)
         replicas = [
             Replica(
@@ -638,6 +685,10 @@ class Launcher:
         ]
         tls = self.store.tls
         credential = job_credential(await self._keyring.key(), job_id) if tls else ""
+        # A process replica reads the CA from its scratch directory (the launcher's copy may
+        # lie where job uids cannot read); a container gets the launcher's file mounted.
+        ca_pem = tls.paths[0].read_bytes() if tls and not refusal and not spec.image else b""
+        log_dir = None if checkpoint_problems(job_id, self.config.log_root) else job_id
         keys = self.store.keys
         expect = [Expect(keys.allocation(job_id), current.mod_revision)]
         for plan in plans:
@@ -658,29 +709,45 @@ class Launcher:
             self._replicas[replica.key] = replica
 
             def prepare(plan: ReplicaPlan = plan) -> LaunchSpec:
+                log_path = (
+                    None
+                    if log_dir is None
+                    else self.config.log_root / log_dir / f"{generation}-{plan.rank}.log"
+                )
+                if refusal:
+                    return LaunchSpec(
+                        command=list(spec.command),
+                        env={},
+                        cwd=None,
+                        log_path=log_path,
+                        run_as=owner,
+                        refusal=refusal,
+                    )
+                dirs = self._prepare_dirs(job_id, generation, owner, ca_pem, scratch=not spec.image)
+                ca = dirs.ca if dirs.ca is not None else (tls.paths[0] if tls else None)
                 contract = contract_env(
                     plan,
                     job_id=job_id,
                     generation=generation,
                     agent_addrs=agent_addrs,
-                    checkpoint_dir=str(checkpoint_dir),
+                    checkpoint_dir=str(dirs.checkpoint),
                     cuda=self.inventory.cuda,
                     fence_token=self.fence_token,
                     credential=credential,
-                    tls_ca=str(tls.paths[0]) if tls else "",
+                    tls_ca=str(ca) if ca is not None else "",
                 )
-                log_path = self.config.log_root / job_id / f"{generation}-{plan.rank}.log"
-                if spec.image and not refusal:
+                if spec.image:
                     return self._container_launch(
-                        job_id, generation, spec, plan, contract, log_path
+                        job_id, generation, spec, plan, contract, log_path, owner
                     )
                 return LaunchSpec(
                     command=list(spec.command),
-                    env=replica_env(self._environ, spec, contract),
+                    env=replica_env(self._replica_environ(dirs, owner), spec, contract),
                     cwd=spec.working_dir or _optional(self.config.default_working_dir),
                     log_path=log_path,
-                    run_as=self.run_as,
-                    refusal=refusal,
+                    run_as=owner,
+                    log_max_bytes=self.config.log_max_bytes,
+                    log_rotations=self.config.log_rotations,
                 )
 
             self._spawn(self._supervise(replica, prepare))
@@ -713,11 +780,89 @@ class Launcher:
             _mounts(spec), self.config.container_mounts_allowed, node=self.node_name
         )
 
-    def _container_user(self) -> RunAs:
-        """Whom containers run as: the policy's user, else nobody (root launcher) or its own."""
-        if self.run_as is not None:
-            return self.run_as
+    def _container_user(self, owner: RunAs | None) -> RunAs:
+        """Whom containers run as: the job's user, else nobody (root launcher) or its own."""
+        if owner is not None:
+            return owner
         return NOBODY if self._uid == 0 else RunAs(self._uid, os.getegid())
+
+    async def _job_user(self, job_id: str) -> RunAs | None:
+        """Whom the job's replicas run as: its own uid (claimed in etcd), or the shared user.
+
+        Raises:
+            job_users.NoFreeUid: Every uid of the range is claimed.
+            ValueError: The job's uid, claimed by another launcher, is outside this one's range.
+            StoreError: etcd failed (the launch is retried on the next pass).
+        """
+        if not self.per_job_uids:
+            return self.run_as
+        known = self._job_users.get(job_id)
+        if known is None:
+            low, high = self.config.job_policy.job_uids[0], self.config.job_policy.job_uids[1]
+            uid = await job_users.claim(self.store, job_id, (low, high))
+            if not low <= uid <= high:
+                raise ValueError(
+                    f"job {job_id} runs as uid {uid}, claimed by a launcher with another "
+                    f"job_policy.job_uids than this one's [{low}, {high}]: give every launcher "
+                    "the same range"
+                )
+            known = RunAs(uid, uid)
+            self._job_users[job_id] = known
+        return known
+
+    def _prepare_dirs(
+        self, job_id: str, generation: int, owner: RunAs | None, ca_pem: bytes, *, scratch: bool
+    ) -> _JobDirs:
+        """Make the job's checkpoint and (`scratch`) scratch directories, private to `owner`.
+
+        The checkpoint directory is fenced for `generation` too.
+
+        Before a uid's first use on this node, what other jobs left under it is removed.
+
+        Raises:
+            OSError: A directory could not be made (a full disk: the replica fails saying so).
+        """
+        config = self.config
+        if self.per_job_uids and owner is not None and job_id not in self._reclaimed:
+            roots = (config.checkpoint_root, config.log_root, config.scratch_root)
+            removed = job_files.reclaim(roots, owner.uid, job_id)
+            if removed:
+                FILES_REMOVED.inc(len(removed))
+                self._log.warning(
+                    "job_uid_leftovers_removed",
+                    job_id=job_id,
+                    uid=owner.uid,
+                    removed=[str(path) for path in removed],
+                )
+            self._reclaimed.add(job_id)
+        checkpoint = config.checkpoint_root / job_id
+        job_files.make_private_dir(checkpoint, owner)
+        fence_checkpoint_dir(checkpoint, generation)
+        place = config.scratch_root / job_id
+        if not scratch:  # a container: its HOME and TMPDIR are the image's
+            return _JobDirs(checkpoint=checkpoint, home=place, tmp=place, ca=None)
+        job_files.make_private_dir(place, owner)
+        home = job_files.make_private_subdir(place, "home", owner)
+        tmp = job_files.make_private_subdir(place, "tmp", owner)
+        ca = job_files.write_file(place, "ca.pem", ca_pem) if ca_pem else None
+        return _JobDirs(checkpoint=checkpoint, home=home, tmp=tmp, ca=ca)
+
+    def _replica_environ(self, dirs: _JobDirs, owner: RunAs | None) -> dict[str, str]:
+        """What a replica inherits: the launcher's environment with a HOME, TMPDIR of its own.
+
+        Variables that point at the launcher's own sessions (XDG dirs, agent sockets) go.
+        """
+        env = {
+            name: value
+            for name, value in self._environ.items()
+            if not name.startswith("XDG_") and name not in _SESSION_VARIABLES
+        }
+        env["HOME"] = str(dirs.home)
+        env["TMPDIR"] = str(dirs.tmp)
+        if owner is not None and self.per_job_uids:
+            # No passwd entry names the uid: getpass and friends read these first.
+            env["USER"] = env["LOGNAME"] = f"pollux-{owner.uid}"
+        return env
 
     def _container_launch(
         self,
@@ -726,7 +871,8 @@ class Launcher:
         spec: pb.JobSpec,
         plan: ReplicaPlan,
         contract: Mapping[str, str],
-        log_path: Path,
+        log_path: Path | None,
+        owner: RunAs | None,
     ) -> LaunchSpec:
         """The LaunchSpec of a replica that runs in the job's image (containers.py)."""
         assert self.runtime_binary is not None  # else _container_problems refused the job
@@ -742,7 +888,7 @@ class Launcher:
             generation=generation,
             rank=plan.rank,
             fence_token=self.fence_token,
-            user=self._container_user(),
+            user=self._container_user(owner),
             checkpoint_dir=contract["POLLUX_CHECKPOINT_DIR"],
             tls_ca=contract.get("POLLUX_TLS_CA", ""),
             working_dir=spec.working_dir,
@@ -763,6 +909,8 @@ class Launcher:
             cwd=None,
             log_path=log_path,
             container=request.container(),
+            log_max_bytes=self.config.log_max_bytes,
+            log_rotations=self.config.log_rotations,
         )
 
     def _free_slots(self) -> list[int]:
@@ -816,6 +964,100 @@ class Launcher:
                 del self._master_ports[(job_id, generation)]
         REPLICAS_RUNNING.set(sum(r.alive for r in self._replicas.values()))
 
+    # -- files: retention and free space --------------------------------------------------------
+
+    def _roots(self) -> dict[str, Path]:
+        config = self.config
+        return {
+            "checkpoint_root": config.checkpoint_root,
+            "log_root": config.log_root,
+            "scratch_root": config.scratch_root,
+        }
+
+    async def _sweep_loop(self) -> None:
+        """Check the roots' free space every resync; sweep finished jobs' files every sweep_s."""
+        next_sweep = 0.0
+        while not self._closing:
+            try:
+                await asyncio.to_thread(self.check_space)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.config.sweep_s
+                    await self.sweep()
+            except StoreError as error:
+                self._log.warning("sweep_failed", error=str(error))
+            except Exception:
+                self._log.exception("sweep_crashed")
+            await asyncio.sleep(self.config.resync_s)
+
+    def check_space(self) -> set[str]:
+        """Say in one line when a root fills up (and when it has room again); the full ones."""
+        for name, path in self._roots().items():
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            full = info.f_bavail * info.f_frsize < FULL_BYTES
+            if full == (name in self._full_roots):
+                continue
+            ROOT_FULL.labels(name).set(1 if full else 0)
+            if full:
+                self._full_roots.add(name)
+                self._log.error(
+                    "disk_full",
+                    root=name,
+                    path=str(path),
+                    available_bytes=info.f_bavail * info.f_frsize,
+                    action="replicas that fail writing there fail their job; replica logs are "
+                    "kept in memory only; free space and it heals by itself",
+                )
+            else:
+                self._full_roots.discard(name)
+                self._log.info("disk_space_restored", root=name, path=str(path))
+        return set(self._full_roots)
+
+    async def sweep(self) -> None:
+        """Remove finished jobs' directories past their retention; release their uids."""
+        roots = self._roots()
+        on_disk = {
+            name: await asyncio.to_thread(job_files.job_dirs, path) for name, path in roots.items()
+        }
+        claims = await job_users.claims(self.store)
+        ids = sorted(
+            {job_id for dirs in on_disk.values() for job_id in dirs}
+            | {claim.value.job_id for claim in claims}
+        )
+        keys = self.store.keys
+        records = await self.store.get_many([keys.job(job_id) for job_id in ids], pb.Job)
+        allocated = await self.store.get_many(
+            [keys.allocation(job_id) for job_id in ids], pb.Allocation
+        )
+        known: dict[str, job_files.Finished] = {}
+        for job_id, record, allocation in zip(ids, records, allocated, strict=True):
+            live = allocation is not None or job_id in self._allocations or self._job_alive(job_id)
+            if record is None:
+                known[job_id] = job_files.Finished(live=live, gone=True)
+            elif record.value.state in _TERMINAL:
+                finish = record.value.finish_time.ToNanoseconds() / 1e9
+                known[job_id] = job_files.Finished(live=live, finish_time=finish)
+            else:
+                known[job_id] = job_files.Finished(live=live)
+        now, retention = time.time(), self.config.file_retention_s
+        for name, path in roots.items():
+            for job_id in job_files.expired(on_disk[name], known, now=now, retention_s=retention):
+                await asyncio.to_thread(job_files.remove, path / job_id)
+                FILES_REMOVED.inc()
+                self._log.info("job_files_removed", job_id=job_id, root=name, path=str(path))
+        for claim in claims:
+            job_id = claim.value.job_id
+            claimed = claim.value.claim_time.ToNanoseconds() / 1e9
+            over = job_files.expired({job_id: claimed}, known, now=now, retention_s=retention)
+            if over and await job_users.release(self.store, claim):
+                self._log.info("job_uid_released", job_id=job_id, uid=claim.value.uid)
+        for job_id in list(self._job_users):
+            if not known.get(job_id, job_files.Finished(live=False)).live:
+                self._job_users.pop(job_id, None)
+                self._reclaimed.discard(job_id)
+
     # -- replica supervision -------------------------------------------------------------------
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -849,7 +1091,10 @@ class Launcher:
             await replica.start(prepare())
         except Exception as error:
             self._log.exception("replica_start_crashed", job_id=replica.job_id, rank=replica.rank)
-            replica.fail_to_start(f"cannot start the replica: {type(error).__name__}: {error}")
+            full = isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+            replica.fail_to_start(
+                f"cannot start the replica: {type(error).__name__}: {error}", disk_full=full
+            )
         if replica.pid:
             REPLICAS_STARTED.inc()
             with contextlib.suppress(StoreError):  # the pid is informative; the exit is not
@@ -861,6 +1106,17 @@ class Launcher:
             replica.mark_fenced()  # the watchdog killed it: the node's lease had lapsed
             code = PLANNED_STOP
         REPLICA_EXITS.labels(exit_outcome(code)).inc()
+        if replica.disk_full:
+            REPLICA_DISK_FULL.inc()
+            self._log.error(
+                "replica_disk_full",
+                job_id=replica.job_id,
+                generation=replica.generation,
+                rank=replica.rank,
+                exit_code=code,
+                line=replica.disk_full[-200:],
+                action="the job fails rather than restarting onto the same full disk",
+            )
         await self._report_exit(replica.status(), expected=replica.status_revision)
         replica.exit_reported = True
         self._wake.set()

@@ -2,8 +2,10 @@
 
 Configuration comes from defaults, then ``--config FILE`` (TOML), then ``POLLUX_LAUNCHER_*``
 environment variables, then the command-line flags (pollux.service.entry); every problem
-(including a node with neither GPUs nor a ``--gpus`` slot count, or an unwritable checkpoint or
-log root) is reported at once and the process exits 2 before registering anything. On SIGTERM
+(including a node with neither GPUs nor a ``--gpus`` slot count, an unwritable checkpoint, log
+or scratch root, or replicas that could not each run under their job's own uid — a launcher
+that is not root, or one uid for all jobs — without ``--insecure``) is reported at once and
+the process exits 2 before registering anything. On SIGTERM
 or SIGINT the launcher stops its replicas gracefully (they checkpoint and exit 143), reports
 their exits, revokes its lease (the node disappears from the cluster), stops its gRPC server
 and exits 0.
@@ -11,12 +13,14 @@ and exits 0.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import GpuDetectionError, Inventory, detect
+from pollux.launcher.job_files import ROOT_MODES, make_root
 from pollux.launcher.launcher import Launcher
 from pollux.launcher.servicer import SERVICE_NAME, LauncherServicer
 from pollux.service.app import ServiceApp, Servicer
@@ -40,12 +44,18 @@ def prepare(config: LauncherConfig) -> Inventory:
         inventory = detect(config.gpus)
     except GpuDetectionError as error:
         problems.append(str(error))
-    for name in ("checkpoint_root", "log_root"):
+    for name, mode in ROOT_MODES.items():
         path: Path = getattr(config, name)
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_root(path, mode)
         except OSError as error:
             problems.append(f"{name}: cannot create {path}: {error.strerror}")
+    problem = config.job_policy.isolation_problem(os.geteuid())
+    if problem and not config.tls.insecure:
+        problems.append(
+            f"job_policy: {problem}; or start the launcher with --insecure to run replicas "
+            "without that isolation"
+        )
     if problems or inventory is None:
         raise ConfigError(problems)
     return inventory
@@ -93,6 +103,7 @@ SPEC: ServiceSpec[LauncherConfig, Inventory] = ServiceSpec(
         Flag("--gpus", "gpus", "serve N CPU slots instead of detected GPUs", int),
         Flag("--checkpoint-root", "checkpoint_root", "replica checkpoint root", Path),
         Flag("--log-root", "log_root", "replica log root", Path),
+        Flag("--scratch-root", "scratch_root", "replicas' HOME and TMPDIR root", Path),
     ),
 )
 

@@ -3,12 +3,18 @@
 The command runs without a shell in a new session (its own process group), so a stop signal
 reaches every process the replica spawned (data-loader workers, torchrun children) and a
 launcher signal (Ctrl-C in a terminal) does not reach the replica. stdout and stderr are
-merged and pumped line by line into a bounded in-memory ring (StreamLogs) and an unbounded
-log file under the log root.
+merged and pumped line by line into a bounded in-memory ring (StreamLogs) and the replica's
+log file (replica_log.py: private to the job, rotated at a size, and never able to stop the
+exit from being reported: a write that fails drops lines, nothing else).
 
 Stopping is SIGTERM to the group, `grace_s` to checkpoint and exit (the training library exits
 143), then SIGKILL. A replica the launcher stopped that died of SIGTERM itself (no handler)
 reports 143 too: it was a planned stop, not a failure.
+
+A replica that exits non-zero with ENOSPC or EDQUOT named in its last output lines
+(`mentions_disk_full`: the errno's name, its strerror text or Python's ``[Errno 28]``) reports
+``disk_full``: the only place a replica's errno shows is its own output, and the scheduler then
+fails the job rather than restarting it onto the same full disk.
 
 A replica in a container (containers.py) is the same process, the runtime's attached ``run``
 client, which exits with the container's code. Two differences: its SIGTERM goes to the
@@ -27,6 +33,7 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import shutil
 import signal
 import time
@@ -34,12 +41,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import structlog
 
 from pollux.launcher.containers import Container
 from pollux.launcher.job_policy import RunAs
+from pollux.launcher.replica_log import DISK_FULL_ERRNOS, ReplicaLog
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -62,6 +69,25 @@ _CONTAINER_KILLED = 128 + signal.SIGKILL
 """What a runtime client reports for a container killed with SIGKILL (137)."""
 _REMOVE_S = 30.0
 """Longest the removal of a replica's container is waited for."""
+DISK_FULL_LINES = 20
+"""Last output lines of a failed replica searched for a full disk."""
+_DISK_FULL = re.compile(
+    "|".join(
+        [
+            *(re.escape(os.strerror(code)) for code in sorted(DISK_FULL_ERRNOS)),
+            *(rf"\b{errno.errorcode[code]}\b" for code in sorted(DISK_FULL_ERRNOS)),
+            *(rf"\[Errno {code}\]" for code in sorted(DISK_FULL_ERRNOS)),
+        ]
+    )
+)
+
+
+def mentions_disk_full(lines: Sequence[str]) -> str:
+    """The last of `lines` that names a full disk (ENOSPC or EDQUOT), or ""."""
+    for line in reversed(lines):
+        if _DISK_FULL.search(line):
+            return line
+    return ""
 
 
 def _shown(command: Sequence[str]) -> str:
@@ -164,22 +190,29 @@ class LaunchSpec:
         command: argv, argv[0] first (no shell).
         env: The complete environment.
         cwd: Working directory, or None for the launcher's.
-        log_path: File the output is appended to.
+        log_path: File the output is appended to (None: kept in memory only); its directory
+            is the job's (replica_log.py).
         run_as: User and group to run as (no supplementary groups), or None for the
-            launcher's own (job_policy.JobPolicy.run_as).
+            launcher's own (job_policy.JobPolicy.run_as); they own the log file too.
         refusal: Why the launcher's job policy refuses the job; when set, nothing runs and
             the replica exits 127 with this reason in its log.
         container: The container `command` runs (a runtime's ``run``), or None for a plain
             process.
+        log_max_bytes: Size at which the log file is rotated.
+        log_rotations: Rotated log files kept.
+        umask: The replica's file creation mask (0o077: what it creates is its own).
     """
 
     command: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None
-    log_path: Path
+    log_path: Path | None
     run_as: RunAs | None = None
     refusal: str = ""
     container: Container | None = None
+    log_max_bytes: int = 64 * 1024 * 1024
+    log_rotations: int = 2
+    umask: int = 0o077
 
 
 _SETPRIV = shutil.which("setpriv")
@@ -264,6 +297,8 @@ class Replica:
         self.status_revision = 0
         """Mod revision of this replica's last status write (0: none yet)."""
         self.exit_reported = False
+        self.disk_full = ""
+        """The output line that says the replica failed on a full disk ("": it did not)."""
         self._process: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
         self._exited = asyncio.Event()
@@ -296,6 +331,9 @@ class Replica:
         )
         if self.exit_code not in (None, 0, PLANNED_STOP):
             status.output_tail = output_tail(self.log.tail(TAIL_LINES)[0])
+            if self.disk_full:
+                status.disk_full = True
+                status.output_tail = output_tail([self.disk_full])
         status.time.FromNanoseconds(int((self.exited_at or self.started_at) * 1e9))
         return status
 
@@ -316,19 +354,20 @@ class Replica:
         if self.stop_requested:  # stopped before it started: it never runs
             self._finish(PLANNED_STOP)
             return
-        try:
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            sink = spec.log_path.open("a", encoding="utf-8", errors="replace")
-        except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
-            self.log.append(f"pollux-launcher: cannot open {spec.log_path}: {error}")
-            self._log.error("replica_log_unwritable", error=str(error))
-            self._finish(SPAWN_FAILED)
-            return
+        sink = ReplicaLog(
+            None if spec.log_path is None else spec.log_path.parent,
+            "" if spec.log_path is None else spec.log_path.name,
+            spec.run_as,
+            max_bytes=spec.log_max_bytes,
+            rotations=spec.log_rotations,
+            notify=self.log.append,
+            fields={"job_id": self.job_id, "generation": self.generation, "rank": self.rank},
+        )
         if spec.refusal:
             message = f"pollux-launcher: cannot start the replica: {spec.refusal}"
-            sink.write(message + "\n")
-            sink.close()
             self.log.append(message)
+            sink.write([message])
+            sink.close()
             self._log.warning("replica_refused", reason=spec.refusal)
             self._finish(SPAWN_FAILED)
             return
@@ -348,14 +387,15 @@ class Replica:
                 user=None if identity is None else identity.uid,
                 group=None if identity is None else identity.gid,
                 extra_groups=None if identity is None else [],
+                umask=spec.umask,
             )
         except Exception as error:
             # Whatever the exec refused (a missing program or working dir, a NUL byte in an
             # argument, the environment or the working dir), the replica failed to start.
             message = f"pollux-launcher: cannot start {_shown(spec.command)}: {error}"
-            sink.write(message + "\n")
-            sink.close()
             self.log.append(message)
+            sink.write([message])
+            sink.close()
             self._log.warning("replica_spawn_failed", error=str(error))
             self._finish(SPAWN_FAILED)
             return
@@ -370,8 +410,9 @@ class Replica:
             container=None if spec.container is None else spec.container.name,
         )
 
-    async def _run(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
+    async def _run(self, process: asyncio.subprocess.Process, sink: ReplicaLog) -> None:
         reader = asyncio.create_task(self._read(process, sink))
+        code: int | None = None
         try:
             code = await process.wait()
             # Leftovers of the group (workers of a crashed replica) must not outlive it; killing
@@ -381,15 +422,29 @@ class Replica:
                 await asyncio.wait_for(asyncio.shield(reader), _DRAIN_S)
             except TimeoutError:  # a process that left the group still holds the pipe
                 reader.cancel()
+            except Exception:  # the pump died: its lines are lost, the exit is not
+                self._log.exception("replica_output_pump_failed")
             await self._remove_container()
         finally:
             sink.close()
-        if (code == -signal.SIGTERM and self.stop_requested) or (self.killed(code) and self.fenced):
-            code = PLANNED_STOP
-        self._finish(code)
-        self._log.info("replica_exited", exit_code=code, stop_requested=self.stop_requested)
+            if code is None:  # cancelled or crashed before the exit: report a kill, not hang
+                code = -int(signal.SIGKILL)
+                _signal_group(process.pid, signal.SIGKILL)
+            if (code == -signal.SIGTERM and self.stop_requested) or (
+                self.killed(code) and self.fenced
+            ):
+                code = PLANNED_STOP
+            if code not in (0, PLANNED_STOP) and not self.killed(code):
+                self.disk_full = mentions_disk_full(self.log.tail(DISK_FULL_LINES)[0])
+            self._finish(code)
+        self._log.info(
+            "replica_exited",
+            exit_code=code,
+            stop_requested=self.stop_requested,
+            disk_full=bool(self.disk_full),
+        )
 
-    async def _read(self, process: asyncio.subprocess.Process, sink: IO[str]) -> None:
+    async def _read(self, process: asyncio.subprocess.Process, sink: ReplicaLog) -> None:
         stream = process.stdout
         if stream is None:
             return
@@ -437,21 +492,24 @@ class Replica:
             self._container is not None and code == _CONTAINER_KILLED
         )
 
-    def _emit(self, raw_lines: list[bytes], sink: IO[str]) -> None:
-        for raw in raw_lines:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r")
+    def _emit(self, raw_lines: list[bytes], sink: ReplicaLog) -> None:
+        lines = [raw.decode("utf-8", errors="replace").rstrip("\r") for raw in raw_lines]
+        for line in lines:
             self.log.append(line)
-            sink.write(line + "\n")
-        sink.flush()
+        sink.write(lines)
 
-    def fail_to_start(self, reason: str) -> None:
+    def fail_to_start(self, reason: str, *, disk_full: bool = False) -> None:
         """Mark a replica that could not be started as exited with `SPAWN_FAILED`.
 
         For failures outside `start` itself (the launcher's own preparation); a replica that
-        already exited keeps its code. Its slot is free from here on.
+        already exited keeps its code. Its slot is free from here on. `disk_full`: the
+        preparation failed on a full disk (the job fails rather than restarting).
         """
         if self.exit_code is None:
-            self.log.append(f"pollux-launcher: {reason}")
+            line = f"pollux-launcher: {reason}"
+            self.log.append(line)
+            if disk_full:
+                self.disk_full = line
             self._finish(SPAWN_FAILED)
         self._started.set()
 

@@ -382,7 +382,19 @@ def _reconcile(
         job.failures += 1
         what = f"replica {first.rank} on {first.node} exited {first.exit_code}"
         said = f": {first.output_tail}" if first.output_tail else ""
-        if job.failures > job.spec.max_failures:
+        full = next((s for s in failed if s.disk_full), None)
+        if full is not None:
+            # Restarting would only meet the same full disk (and fill it again): fail now.
+            _release(job, now, plan)
+            what = f"replica {full.rank} on {full.node} exited {full.exit_code}"
+            transition(
+                job,
+                S.JOB_STATE_FAILED,
+                now,
+                f"{what} on a full disk, not restarted (free space, then resubmit): "
+                f"{full.output_tail}",
+            )
+        elif job.failures > job.spec.max_failures:
             _release(job, now, plan)
             transition(job, S.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures{said}")
         else:
