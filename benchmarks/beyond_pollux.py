@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 
 from pollux.goodput import SyncModel
+from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.jct import JctParams
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.sim.application import Application, load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root

@@ -13,10 +13,10 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from pollux.policy.tenants import Ledger
 from prometheus_client import REGISTRY
 
-from pollux.policy.pollux import PolluxPolicy
-from pollux.policy.tenants import Ledger
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, JCT_OBJECTIVE

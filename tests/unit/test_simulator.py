@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pollux.policy.nsga2 import NsgaConfig
+from benchmarks.nsga2 import NsgaConfig, NsgaPolicy
+from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
@@ -32,7 +32,7 @@ WORKLOAD = [
 ]
 POLICIES = {
     "pollux": PolluxPolicy(),
-    "pollux-nsga2": PolluxPolicy(optimizer="nsga2", nsga=NsgaConfig(10, 3)),
+    "pollux-nsga2": NsgaPolicy(config=NsgaConfig(10, 3)),
     "optimus": OptimusPolicy(),
     "tiresias": TiresiasPolicy(),
 }
