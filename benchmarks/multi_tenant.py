@@ -1,59 +1,16 @@
 """Tenants on the published workloads: each tenant's goodput vs what it is entitled to.
 
 Jobs of the eight published 160-job workloads (16 × 4 GPUs) go to 2-4 tenants by a hash of
-their names (`pollux.sim.workload.assign_tenants`). Each configuration runs the Pollux policy
-with the tenants' guarantees, weights and caps; the baseline is single-tenant Pollux on the
-same workloads (the published setup, run once: tenant labels do not reach its policy). Both run
-the policy `--policy` names: faithful Pollux ("pollux", default) or "pollux-jct".
-
-Definitions (docs/policy.md, "Tenants", says why):
-
-- entitled GPUs E_t = g_t + w_t / Σw · (N − Σg), water-filled under the caps; entitlement
-  e_t = E_t / ΣE, tenant t's share of the cluster's goodput when every tenant is busy.
-- goodput of a tenant in a round: the sum of its jobs' speedups on their new allocations, as
-  the policy values them (goodput over the round's fair-share reference; restart penalty not
-  included). A tenant's share in a round is its goodput over all tenants' goodput.
-- busy: a tenant is busy in a round when it has unmet demand: one of its jobs holds fewer
-  GPUs than it may use (its max_replicas, which the simulator sets to twice the largest
-  allocation the job has profiled). This is max-min fairness's condition: a tenant whose
-  every job has all it can use is satisfied and owed nothing more, whatever its share.
-  Shares are averaged over the rounds in which every tenant is busy, over all workloads;
-  "off" is share / e_t − 1 (the target is within ±10 %).
-
-- isolated goodput I_t in a round: the goodput tenant t's jobs of that round would get alone
-  on ⌊E_t⌋ GPUs (a static partition), grown as the policy's count phase grows them, in the
-  same unit (`tenant_shares.common.isolated_goodput`). "÷alone" is the tenant's goodput summed over
-  the all-busy rounds ÷ its I_t summed over them; the target is ≥ 0.9 for every tenant (the
-  sharing incentive: no tenant is more than 10 % worse off than on its own partition; more
-  is allowed). "<0.9" is the fraction of those rounds in which it got less than 0.9 · I_t.
-
-The issue's target reads "within ±10 % of its goodput entitlement"; both readings are printed:
-the share of the cluster's goodput (off) and the isolation ratio (÷alone). The share cannot be
-met at any weight when a tenant's jobs scale badly, and the isolation ratio is what a team
-gives up by pooling its GPUs (README, "Tenants").
-
-The same shares are measured for the baseline (over its own all-busy rounds): what tenants
-get when the policy knows nothing of them. Mean JCT is over every job of every workload run.
-
-The JCT target applies to configurations without caps only: a cap binds even on an otherwise
-idle cluster (the capped tenant's jobs queue behind its cap while GPUs stand idle), which no
-sharing method can undo; the report says which configurations it applies to.
+their names (`pollux.sim.workload.assign_tenants`). Each configuration runs a Pollux policy
+(`--policy`) with the tenants' guarantees, weights and caps and a tenant-share method
+(`--shares`); the baseline is single-tenant Pollux on the same workloads. It prints each
+tenant's share of goodput against its entitlement ("off"), its goodput against what it would
+get alone on its entitled GPUs ("÷alone") and mean JCT. docs/results.md ("Tenants") defines
+every figure and option and holds the measured tables.
 
     python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--policy pollux-jct] [--processes 2]
         [--shares budgets|weights|deficits|isolation] [--assign hash|round_robin]
         [--demand equal|entitled]
-
---quick runs three configurations on two workloads (about 2 minutes on 2 cores). --assign
-round_robin gives jobs to tenants in submission order instead of by name hash: a labelling
-the default runs do not use, to check that a method is not fitted to one.
-
---demand says how many jobs each tenant brings. "equal" (default): every tenant about the
-same number, whatever its entitlement, so unequal weights and guarantees make the tenants'
-loads differ from what they are entitled to; that is the case a sharing method exists for,
-and there its JCT cost is by design (a tenant entitled to less than its load queues longer;
-the single-tenant baseline ignores entitlements). "entitled": jobs in proportion to e_t, as
-when an administrator sizes guarantees and weights to the teams' work; then the tenants ask
-for what they are entitled to, and what JCT a method costs is its own overhead.
 """
 
 from __future__ import annotations

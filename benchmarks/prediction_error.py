@@ -1,19 +1,17 @@
 """Completion-time predictions on the simulator: predicted at submission vs actual JCT.
 
-Each published workload runs in the simulator under Pollux (`--policy pollux` or `pollux-jct`). When
-a job first appears in a round, the cluster is forecast forward from that round's state with
-the same policy (`pollux.policy.forecast`), as `pollux-cli estimate` does live: the new job
-has no model of its own yet, so it borrows the latest fitted model of an earlier job of the
-same application (the job name's prefix: a team re-running a model), and declares its true
-size (the simulator's remaining work). Jobs whose application has no model yet get no
-prediction and are counted apart. The error of a job is |predicted JCT − actual| / actual.
+Each published workload runs in the simulator under Pollux (`--policy pollux` or
+`pollux-jct`). When a job first appears in a round, the cluster is forecast forward from that
+round's state with the same policy (`pollux.policy.forecast`), as `pollux-cli estimate` does
+live: the new job borrows the latest fitted model of an earlier job of its application and
+declares its true size. Jobs whose application has no model yet get no prediction and are
+counted apart. The error of a job is |predicted JCT − actual| / actual. Forecast rounds are
+coarser than the simulator's (300 s by default) to bound the cost; future arrivals are unknown
+to the forecast, so on a busy cluster predictions run early (the signed median says by how
+much).
 
     python benchmarks/prediction_error.py [--policy pollux-jct] [--load 1.0] [--workloads 1,2]
         [--forecast-round 300] [--processes 2]
-
-Forecast rounds are coarser than the simulator's 60 s (300 s by default) to bound the cost: a
-forecast round is one policy call. Future arrivals are unknown to the forecast, so on a busy
-cluster predictions run early; the signed median says by how much.
 """
 
 from __future__ import annotations

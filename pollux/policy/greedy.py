@@ -11,10 +11,8 @@ Three phases over a `Problem`:
 3. **Fill.** GPUs left idle by fragmentation go to the growth moves with the best exact gain.
 
 Every phase is deterministic: ties go to the earlier job and node in the snapshot's order.
-
 With tenants (`quota.Quota`), every phase also keeps each tenant within its GPU budget: a
-jump, growth or trade that would take a tenant past it is not considered. Without them
-(`quota=None`) no phase checks anything more than before.
+jump, growth or trade that would take a tenant past it is not considered.
 """
 
 from __future__ import annotations

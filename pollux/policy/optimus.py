@@ -1,11 +1,8 @@
-"""Optimus+Oracle, the baseline that sizes jobs by marginal gain in remaining time (reference §6.1).
+"""Optimus+Oracle, the baseline that sizes jobs by marginal gain in remaining time (ref. §6.1).
 
-Pollux is compared against Optimus given an oracle: each job's true step time at every replica
-count and its true remaining iterations, instead of fitted models. The batch size stays fixed;
-only GPU counts adapt. Implementing it behind the same `Policy` protocol as Pollux lets the
-simulator and the scheduler service run the published comparison unchanged.
-
-The round has two phases:
+Each job's true step time at every replica count and its true remaining iterations (in the
+simulator; live, predicted from its fitted model) stand in for fitted models. The batch size
+stays fixed; only GPU counts adapt. The round has two phases:
 
 1. **Counts.** Every job, in submission order, gets one GPU while any remain; then, one GPU at
    a time, the job whose estimated remaining time drops most, (T(K) − T(K+1)) × remaining, gets

@@ -1,21 +1,15 @@
 """Tiresias, the baseline that runs fixed-size jobs by least attained service (reference §6.2).
 
-Pollux is compared against Tiresias's discretised two-dimensional least-attained-service
-scheduler (2D-LAS): jobs keep the GPU count and batch size their users chose, and priority
-falls once a job has used a fixed amount of GPU time. Implementing it behind the same `Policy`
-protocol as Pollux lets the simulator and the scheduler service run the published comparison
-unchanged. The queues are state that outlives a round, so they travel in `TiresiasMemory`.
-
-A round, at event time `state.now`:
+Discretised two-dimensional least-attained-service (2D-LAS): jobs keep the GPU count and batch
+size their users chose, and priority falls once a job has used a fixed amount of GPU time.
+The queues outlive a round, so they travel in `TiresiasMemory`. A round, at `state.now`:
 
 1. Forget finished jobs; new jobs join the end of queue 0, pending.
 2. Running jobs accrue executed time; a queue-0 job that has used `queue_threshold`
-   GPU-seconds moves to the end of queue 1.
-3. (Starvation promotion back to queue 0 is off in the published configuration, so it is not
-   implemented.)
-4. Walk queue 0 then queue 1 counting free GPUs over the whole cluster: a job that fits runs,
+   GPU-seconds moves to the end of queue 1 (starvation promotion is off, as published).
+3. Walk queue 0 then queue 1 counting free GPUs over the whole cluster: a job that fits runs,
    one that does not waits and loses its GPUs; smaller later jobs may backfill.
-5. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
+4. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
 
 Every step is deterministic; the random generator is not needed.
 """

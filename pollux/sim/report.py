@@ -4,11 +4,9 @@ A reimplementation is only credible if it reproduces the paper, so `pollux-sim c
 directories (written by `pollux-sim run`) into the figures the paper reports: average and p99 job
 completion time (JCT), makespan, restarts per job and GPU utilisation, side by side with the
 published simulator results (data/pollux-osdi21/paper-results) and as the JCT-vs-load
-plot of Fig. 8a.
-
-File reading is confined to the `load_*` functions, which validate everything they read and raise
-`ReportError` naming the file. The metrics, the table and the plot are functions of the loaded
-frozen dataclasses, so they can be checked on hand-made data.
+plot of Fig. 8a. File reading is confined to the `load_*` functions, which validate everything
+they read and raise `ReportError` naming the file; the metrics, the table and the plot are
+functions of the loaded frozen dataclasses, so they can be checked on hand-made data.
 
 Run directory layout: `run.json` (policy, round timing, load, interval, workloads), `summary.json`
 (the published summary format, §7.5) and, optionally, one `<workload>.jsonl` per workload (one

@@ -16,7 +16,7 @@ from pollux.goodput import SyncModel
 from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
 from pollux.policy.placement import never_ran
-from pollux.policy.types import JobSizing
+from pollux.policy.types import JobSizing, TenantSpec
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, SimJob, simulate
 from pollux.sim.traces import default_data_root
@@ -164,6 +164,27 @@ def test_with_placement_rounds_a_job_that_ran_is_moved_only_by_a_periodic_round(
                 moves += 1
             held[entry["name"]] = entry["allocation"]
     assert moves > 0  # the workload does rescale jobs
+
+
+def test_with_tenants_every_round_is_full_and_restarts_the_periodic_clock():
+    # As live (`pollux.policy.rounds`): a placement round cannot see a tenant's GPUs elsewhere.
+    policy = Recording(PolluxPolicy())
+    tenants = (TenantSpec("a", guarantee_gpus=2), TenantSpec("b"))
+    workload = [replace(job, tenant="ab"[i % 2]) for i, job in enumerate(WORKLOAD)]
+    rounds = []
+    simulate(workload, APPS, policy, replace(PLACE, tenants=tenants), on_round=rounds.append)
+    times = [r["timestamp"] for r in rounds]
+    assert any(not on_the_interval(t) for t in times)  # event rounds ran
+    for state in policy.states:
+        assert state.tenants == tenants
+        assert sum(n.gpus for n in state.nodes) == PLACE.nodes * PLACE.gpus_per_node
+    gaps = list(itertools.pairwise(times))
+    assert all(after - before <= PLACE.interval + 1e-9 for before, after in gaps)
+    # A periodic round an interval after an event's round, off the grid: the event's full
+    # round restarted the clock (with placement rounds the periodic ones stay on the grid).
+    assert any(
+        after - before == PLACE.interval and not on_the_interval(after) for before, after in gaps
+    )
 
 
 def test_event_rounds_other_than_full_and_place_are_rejected():

@@ -123,6 +123,7 @@ class LocalCluster:
             was started from and this checkout, so a job file of a clone anywhere runs.
         dashboard: The first scheduler replica ("scheduler-0") serves the web dashboard on a
             free loopback port (`dashboard_port`, kept across its restarts).
+        policy: The schedulers' policy (`scheduling.policy`); "": their default.
     """
 
     workdir: Path
@@ -137,6 +138,7 @@ class LocalCluster:
     registration_ttl_s: int | None = None
     secure: bool = True
     dashboard: bool = True
+    policy: str = ""
     job_roots: tuple[Path, ...] = ()
     """Directories jobs may run in besides the launchers' defaults (`JobPolicy`)."""
     dashboard_port: int | None = None
@@ -359,6 +361,8 @@ class LocalCluster:
             *("--id", name, "--interval", str(self.interval_s)),
             *("--lease-ttl", str(self.lease_ttl_s), "--restart-delay", str(self.restart_delay_s)),
         ]
+        if self.policy:
+            flags += ["--policy", self.policy]
         dashboard = self.dashboard and name == "scheduler-0"
         if dashboard:
             if self.dashboard_port is None:
@@ -466,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedulers", type=int, default=2, help="scheduler replicas")
     parser.add_argument("--agents", type=int, default=1, help="agents")
     parser.add_argument("--interval", type=float, default=5.0, help="scheduling interval, s")
+    parser.add_argument("--policy", default="", help="the schedulers' policy (default: pollux-jct)")
     parser.add_argument("--workdir", type=Path, help="state directory (default: a temp dir)")
     parser.add_argument(
         "--demo",
@@ -502,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedulers=args.schedulers,
         agents=args.agents,
         interval_s=args.interval,
+        policy=args.policy,
         secure=not args.insecure,
         job_roots=tuple(dict.fromkeys([Path.cwd().resolve(), REPO, *args.allow_root])),
     )

@@ -12,7 +12,6 @@ the round makes; the scheduler commits them in fenced transactions. The phases:
 4. diff against current allocations: new allocations get the next generation, and job states
    follow (ALLOCATED, RESCALING, PENDING);
 5. (scheduler) commit; 6. (scheduler) record the decision.
-
 Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
 replayed from its snapshot.
 """
