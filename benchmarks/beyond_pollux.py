@@ -33,6 +33,8 @@ import numpy as np
 from pollux.goodput import SyncModel
 from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.jct import JctParams
+from pollux.policy.registry import JCT_RESTARTS, PolicySpec, make_policy
+from pollux.policy.types import Policy
 from pollux.sim.application import Application, load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
@@ -89,9 +91,19 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def make_policy(variant: str, restart_delay: float) -> PolluxPolicy:
-    """Pollux in a mode (faithful, jct or an ablation), valuing restarts at `restart_delay`."""
-    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=VARIANTS[variant].jct)
+def variant_policy(variant: str, restart_delay: float) -> Policy[Any]:
+    """The policy of a variant, valuing restarts at `restart_delay`.
+
+    Faithful Pollux and the jct mode come from the registry ("pollux", "pollux-jct"); an
+    ablation (other `JctParams`) is built here, the one place it exists.
+    """
+    jct = VARIANTS[variant].jct
+    if jct is None:
+        return make_policy(PolicySpec("pollux", restart_delay_s=restart_delay))
+    if jct.restart in JCT_RESTARTS and jct == JctParams(restart=jct.restart):
+        spec = PolicySpec("pollux-jct", restart_delay_s=restart_delay, jct_restart=jct.restart)
+        return make_policy(spec)
+    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=jct)
 
 
 # -- workloads ----------------------------------------------------------------------------------
@@ -176,7 +188,7 @@ class Task:
 
 def run_task(task: Task) -> dict[str, Any]:
     """Simulate one task; per-job JCT, restarts, GPU-seconds, and the makespan."""
-    policy = make_policy(task.variant, task.config.restart_delay)
+    policy = variant_policy(task.variant, task.config.restart_delay)
     started = time.perf_counter()
     result = simulate(list(task.jobs), _apps(), policy, task.config)
     return {
@@ -207,7 +219,7 @@ def alone_jct(app: str, gpus: int, config: SimConfig) -> float:
         nodes, per_node = max(1, round(gpus / config.gpus_per_node)), config.gpus_per_node
     cluster = replace(config, nodes=nodes, gpus_per_node=per_node, tenants=())
     job = WorkloadJob(f"{app}-alone", 0.0, app, 1, 1)
-    policy = make_policy("faithful", cluster.restart_delay)
+    policy = variant_policy("faithful", cluster.restart_delay)
     return simulate([job], _apps(), policy, cluster).jcts[job.name]
 
 

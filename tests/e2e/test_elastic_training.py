@@ -109,6 +109,10 @@ def cluster(tmp_path: Path, deadline: Deadline) -> Iterator[LocalCluster]:
         interval_s=1.0,
         lease_ttl_s=2,
         restart_delay_s=3.0,
+        # Faithful Pollux: it grows a job 1 → 2 → 4 and back whenever GPUs free up, which is
+        # what this test watches. The default, pollux-jct, prices each regrowth against the
+        # job's measured pause and remaining time and may rightly decline it.
+        policy="pollux",
     ) as c:
         yield c
 
@@ -267,11 +271,10 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
     assert len(resized) >= 4, [t.reason for t in job.history]
 
     # Restarts resumed from the checkpoint: each generation starts at the step after the last
-    # step the previous one kept, and the world sizes went 4 → … down and up (the default
-    # policy, pollux-jct, starts a job that measured nothing on up to 4 GPUs).
+    # step the previous one kept, and the world sizes went 1 → … up and down.
     spans, seen = kept_batches(read_samples(audit))
     worlds = [world for *_, world in spans]
-    assert worlds[0] == 4
+    assert worlds[0] == 1
     assert sum(b > a for a, b in itertools.pairwise(worlds)) >= 2, worlds
     assert sum(b < a for a, b in itertools.pairwise(worlds)) >= 2, worlds
     for (_, _, last_kept, _), (_, start, _, _) in itertools.pairwise(spans):
