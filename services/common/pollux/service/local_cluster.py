@@ -12,8 +12,7 @@ service, and an admin token; etcd demands client certificates, every port speaks
 authenticates, and `pollux-up` writes a `pollux-cli` context (~/.config/pollux/config.toml)
 so the CLI works against it with no flags. `--insecure` starts it all in plaintext instead.
 
-    pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--demo] [--workdir DIR]
-              [--insecure]
+    pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--policy NAME] [--demo] [--insecure]
 """
 
 from __future__ import annotations

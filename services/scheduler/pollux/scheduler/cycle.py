@@ -10,8 +10,7 @@ the round makes; the scheduler commits them in fenced transactions. The phases:
    one under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs),
    decided as the simulator decides it (pollux.policy.rounds);
 4. diff against current allocations: new allocations get the next generation, and job states
-   follow (ALLOCATED, RESCALING, PENDING);
-5. (scheduler) commit; 6. (scheduler) record the decision.
+   follow (ALLOCATED, RESCALING, PENDING); 5. (scheduler) commit; 6. record the decision.
 Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
 replayed from its snapshot.
 """
