@@ -108,6 +108,9 @@ class JobInfo:
             shrink, a shrink after a grow). Only the "jct" mode reads these two
             (`pollux.policy.jct.reversal_odds`); `resize_history` keeps them.
         last_resize: Direction of the latest resize: +1 grew, −1 shrank, 0 none yet.
+        owner: The user who submitted it. The users of a tenant share it alike, however
+            many jobs each queues (`pollux.policy.owners`); jobs of one owner are scheduled
+            exactly as jobs of no owner ("").
     """
 
     name: str
@@ -127,6 +130,7 @@ class JobInfo:
     resizes: int = 0
     reversals: int = 0
     last_resize: int = 0
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from pollux.policy.registry import PolicySpec, make_policy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
-from pollux.sim.workload import assign_tenants, load_workload
+from pollux.sim.workload import Flood, assign_owners, assign_tenants, load_workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +30,15 @@ class RunSpec:
     """What to simulate: a policy (name and settings), on a cluster, with the simulator's settings.
 
     The policy's restart delay is the simulator's (`SimConfig.restart_delay`), set by
-    `spec_for`.
+    `spec_for`. `owners`: give the workload's jobs to that many users round-robin
+    (`assign_owners`; 0: the one user of the published workloads); `flood`: a user who adds
+    a backlog (`Flood`).
     """
 
     policy: PolicySpec
     config: SimConfig
+    owners: int = 0
+    flood: Flood | None = None
 
 
 def workload_files(target: Path) -> list[Path]:
@@ -67,6 +71,10 @@ def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float
     policy = make_policy(spec.policy)
     apps = load_published_applications(default_data_root() / "traces")
     workload = load_workload(path)
+    if spec.owners:
+        workload = assign_owners(workload, spec.owners)
+    if spec.flood is not None:
+        workload = spec.flood.added_to(workload)
     tenants = spec.config.tenants
     if tenants and not any(job.tenant for job in workload):
         workload = assign_tenants(workload, [t.name for t in tenants])
@@ -132,20 +140,25 @@ def run(
         "sync_model": spec.config.sync_model.value,
         "workloads": list(ordered),
         **({"tenants": [asdict(t) for t in spec.config.tenants]} if spec.config.tenants else {}),
+        **({"owners": spec.owners} if spec.owners else {}),
+        **({"flood": asdict(spec.flood)} if spec.flood is not None else {}),
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     (output / "run.json").write_text(json.dumps(info, indent=1) + "\n")
     return summary
 
 
-def spec_for(policy: str, **overrides: Any) -> RunSpec:
+def spec_for(
+    policy: str, *, owners: int = 0, flood: Flood | None = None, **overrides: Any
+) -> RunSpec:
     """A RunSpec for policy `policy` (a registry name) with simulator overrides (interval …).
 
     Raises:
         PolicySpecError: `policy` names no policy (the message lists those that exist).
     """
     config = replace(SimConfig(), **overrides)
-    return RunSpec(PolicySpec.parse(policy, restart_delay_s=config.restart_delay), config)
+    spec = PolicySpec.parse(policy, restart_delay_s=config.restart_delay)
+    return RunSpec(spec, config, owners, flood)
 
 
 def _report(
