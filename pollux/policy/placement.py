@@ -7,14 +7,18 @@ departure in the same minute become two moves of the long jobs that soak up spar
 job holds, and leaves every running job (and every job that ran before and waits to resume)
 to the periodic round, which alone grows, shrinks and moves jobs.
 
-Tenants are not handled here: a tenant's cap and guarantee count the GPUs it holds elsewhere,
-which a state of free GPUs alone cannot see, so with tenants every round is a full one.
+With several users, the free GPUs are offered to the waiting jobs of the users holding the
+fewest GPUs first (`pollux.policy.owners.next_in_turn`), so one user's backlog cannot take
+every GPU that frees up. Tenants are not handled here: a tenant's cap and guarantee count the
+GPUs it holds elsewhere, which a state of free GPUs alone cannot see, so with tenants every
+round is a full one.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from pollux.policy.owners import next_in_turn
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo
 
 
@@ -23,12 +27,14 @@ def never_ran(job: JobInfo) -> bool:
     return not job.allocation and job.attained_service == 0 and job.restarts == 0
 
 
-def placement_state(state: ClusterState) -> ClusterState:
+def placement_state(state: ClusterState, *, by_turn: bool = True) -> ClusterState:
     """The part of `state` a placement round plans: free GPUs and jobs that never ran.
 
     Each node keeps only the GPUs no active job holds (nodes with none are left out); the
-    jobs are those that `never_ran`, in the state's order. A policy's answer for this state
-    changes no other job, so it can be applied on top of the current allocations as is.
+    jobs are those that `never_ran` and, `by_turn`, are offered the free GPUs
+    (`next_in_turn`: all of them with one user), in the state's order. A policy's answer
+    for this state changes no other job, so it can be applied on top of the current
+    allocations as is.
 
     Raises:
         ValueError: `state` has tenants (a placement round cannot respect their quotas).
@@ -41,5 +47,8 @@ def placement_state(state: ClusterState) -> ClusterState:
         for node in state.nodes
         if node.gpus > held[node.name]
     )
-    jobs = tuple(job for job in state.jobs if never_ran(job))
+    waiting = [job for job in state.jobs if never_ran(job)]
+    if by_turn:
+        waiting = next_in_turn(state, waiting, sum(node.gpus for node in nodes))
+    jobs = tuple(waiting)
     return ClusterState(state.now, nodes, jobs)

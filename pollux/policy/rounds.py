@@ -3,7 +3,8 @@
 The live scheduler (`pollux.scheduler.cycle`) and the simulator (`pollux.sim.simulator`) both
 decide a round here. A round asked to be a *placement* round (an event's, under
 `event_rounds = "place"`) plans only the jobs that never ran, on the GPUs no job holds
-(`pollux.policy.placement`), and leaves the policy's memory as the last full round left it.
+(`pollux.policy.placement`; with several users, offered first to those holding the fewest),
+and leaves the policy's memory as the last full round left it.
 It runs as a full round instead when the round's own state has tenants: a tenant's budget
 counts the GPUs it holds elsewhere, which a state of free GPUs cannot see. A full round
 re-plans every job and its memory is the policy's new one; the caller then restarts its
@@ -12,12 +13,12 @@ periodic clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic
 
 import numpy as np
 
-from pollux.policy.placement import placement_state
+from pollux.policy.placement import never_ran, placement_state
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, M, Policy
 
 
@@ -58,12 +59,18 @@ def decide_round(
     if runs_full(state, placement):
         decision = policy.allocate(state, memory, rng)
         return RoundDecision(decision, None, decision.memory)
-    placed = placement_state(state)
-    planned = frozenset(info.name for info in placed.jobs)
+    placed = placement_state(state, by_turn=policy.user_fairness)
+    planned = frozenset(info.name for info in state.jobs if never_ran(info))
     if not placed.nodes:  # nothing to ask the policy: say why each new job waits
         why = "no nodes in the cluster" if not state.nodes else "every GPU is held"
         waits = JobExplain(0.0, 1.0, f"pending: {why}")
         return RoundDecision(AllocationDecision({}, dict.fromkeys(planned, waits)), planned, memory)
     if not placed.jobs:
         return RoundDecision(AllocationDecision({}, {}), planned, memory)
-    return RoundDecision(policy.allocate(placed, None, rng), planned, memory)
+    decision = policy.allocate(placed, None, rng)
+    others = planned - {info.name for info in placed.jobs}
+    if others:  # waiting jobs of users who hold more: the free GPUs were not theirs to take
+        turn = JobExplain(0.0, 1.0, "pending: the free GPUs went to users holding fewer")
+        explain = {**dict.fromkeys(others, turn), **decision.explain}
+        decision = replace(decision, explain=explain)
+    return RoundDecision(decision, planned, memory)

@@ -283,6 +283,15 @@ class Policy(Protocol[M]):
         """The objective's parameters for Explain's counterfactuals (None: the defaults)."""
         ...
 
+    @property
+    def user_fairness(self) -> bool:
+        """Whether the users of a tenant share it alike (`pollux.policy.owners`).
+
+        Placement rounds (`pollux.policy.rounds`) then offer the free GPUs to the waiting
+        jobs of the users holding the fewest first.
+        """
+        ...
+
     def replica_limit(self, profiled: int, held: int, cap: int) -> int:
         """Most replicas a job may be given this round (`JobInfo.max_replicas`), ≥ 1.
 
