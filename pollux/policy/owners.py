@@ -44,22 +44,25 @@ def owners_of(state: ClusterState) -> list[Owner]:
 def owner_factor(state: ClusterState) -> FloatArray | None:
     """Each job's factor c_t / min(n_u, S_t), scaled to a largest of 1; None if it changes nothing.
 
-    n_u: the jobs of the job's owner u in its tenant t; S_t = ceil(G / U_t): the GPUs of the
-    round G split among the tenant's U_t owners, the most jobs of one user that its share of
-    the cluster runs at once. So the jobs of each user of t that its share can run weigh
-    alike together (one user's part), however many it queues: its further jobs weigh as much
+    n_u: the jobs of the job's owner u in its tenant t. S_t: the jobs one user's share of
+    the cluster runs at once, its G / U_t GPUs (G: the round's GPUs, U_t: the tenant's
+    owners) over the GPUs a running job of the round holds on average (1 with none),
+    rounded, at least 1. So the jobs of each user of t that its share can run weigh alike
+    together (one user's part), however many it queues: its further jobs weigh as much
     each, not more, and a backlog never dilutes its running jobs to nothing. Per job, a user
-    queueing fewer jobs weighs more. c_t keeps the tenant's total weight n_t, as with every
-    job alike (tenant shares see the tenant they saw before). None when no tenant has two
-    owners.
+    queueing fewer weighs more. c_t keeps the tenant's total weight n_t, as with every job
+    alike (tenant shares see the tenant they saw before). None when no tenant has two owners.
     """
     keys = owners_of(state)
     jobs_of = Counter(keys)
     owners_in = Counter(tenant for tenant, _ in jobs_of)
     if all(count == 1 for count in owners_in.values()):
         return None
-    gpus = max(1, sum(node.gpus for node in state.nodes))
-    counted = {(t, u): min(n, -(-gpus // owners_in[t])) for (t, u), n in jobs_of.items()}
+    gpus = sum(node.gpus for node in state.nodes)
+    held = [len(job.allocation) for job in state.jobs if job.allocation]
+    per_job = max(1.0, sum(held) / len(held)) if held else 1.0
+    share = {t: max(1, round(gpus / (owners * per_job))) for t, owners in owners_in.items()}
+    counted = {(t, u): min(n, share[t]) for (t, u), n in jobs_of.items()}
     tenant_jobs = Counter(tenant for tenant, _ in keys)
     parts = dict.fromkeys(owners_in, 0.0)
     for key, count in jobs_of.items():

@@ -40,8 +40,8 @@ def owned_state(pairs: list[tuple[str, str]], gpus: int = 8) -> ClusterState:
 
 
 def share(owners: int, gpus: int) -> int:
-    """S_t: the jobs one of `owners` users runs on its share of `gpus` GPUs."""
-    return -(-gpus // owners)
+    """S_t: the jobs one of `owners` users runs on its share of `gpus` GPUs (none running)."""
+    return max(1, round(gpus / owners))
 
 
 # -- the factor ----------------------------------------------------------------------------
@@ -88,6 +88,26 @@ def test_a_users_part_does_not_grow_with_the_jobs_it_queues(
     assert (victor >= mallory) == (min(others, most) <= min(queued, most)) or np.isclose(
         victor, mallory
     )
+
+
+def test_a_users_share_counts_the_gpus_a_running_job_holds() -> None:
+    # 16 GPUs, two users: 8 GPUs each. Running jobs hold 4 GPUs each, so a user's share
+    # runs two jobs at once, not 8: mallory's 2 jobs of 6 that it runs weigh victor's one.
+    four = ("n0",) * 4
+    jobs = [
+        JobInfo(f"m{i}", float(i), allocation=four if i < 2 else (), owner="mallory")
+        for i in range(6)
+    ]
+    jobs.append(JobInfo("v0", 9.0, allocation=four, owner="victor"))
+    st_ = ClusterState(NOW, (NodeInfo("n0", 16),), tuple(jobs))
+    factor = owner_factor(st_)
+    assert factor is not None
+    assert factor.tolist() == pytest.approx([0.5] * 6 + [1.0])
+    # Running jobs holding one GPU each: a share runs 8 at once, all 6 of hers count.
+    ones = replace(st_, jobs=tuple(replace(j, allocation=j.allocation[:1]) for j in jobs))
+    factor = owner_factor(ones)
+    assert factor is not None
+    assert factor.tolist() == pytest.approx([1 / 6] * 6 + [1.0])
 
 
 def test_undefined_tenant_names_are_the_default_tenant_so_inventing_them_gains_nothing() -> None:
