@@ -55,8 +55,12 @@ ensure_venv() {
     fi
   fi
   local want stamp="$VENV/.pollux-install"
-  want="$(cd "$POLLUX_ROOT" && cat pyproject.toml "${DISTRIBUTIONS[@]/%//pyproject.toml}" |
-    sha256sum | cut -c1-16) [$extras]"
+  # The editable install maps each package it found: a package added since (a new directory
+  # with an __init__.py) must reinstall, or processes started outside the checkout miss it.
+  want="$(cd "$POLLUX_ROOT" && {
+    cat pyproject.toml "${DISTRIBUTIONS[@]/%//pyproject.toml}"
+    find pollux "${DISTRIBUTIONS[@]}" -name __init__.py -not -path '*/.*' | LC_ALL=C sort
+  } | sha256sum | cut -c1-16) [$extras]"
   if ! installed_covers "$stamp" "$want"; then
     local target="$POLLUX_ROOT"
     [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
