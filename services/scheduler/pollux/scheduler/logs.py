@@ -53,8 +53,8 @@ class LauncherLogs:
     async def _address(self, job: pb.Job, rank: int, min_generation: int) -> str:
         nodes, _ = await self.store.list_nodes()
         addresses = {e.value.name: e.value.address for e in nodes}
-        held = rank < len(job.allocation.nodes)
-        if held and min_generation in (0, job.allocation.generation):
+        has_rank = rank < len(job.allocation.nodes)
+        if has_rank and min_generation in (0, job.allocation.generation):
             name = job.allocation.nodes[rank]
             if name not in addresses:
                 raise Unavailable(f"node {name} of rank {rank} of job {job.id} is not registered")
@@ -70,7 +70,7 @@ class LauncherLogs:
                     generation > best[0] if min_generation == 0 else generation < best[0]
                 ):
                     best = (generation, address)
-        if best is None and held and job.allocation.generation >= min_generation:
+        if best is None and has_rank and job.allocation.generation >= min_generation:
             name = job.allocation.nodes[rank]  # started, not listed yet by its launcher
             if name in addresses:
                 return addresses[name]
