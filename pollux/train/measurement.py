@@ -5,8 +5,8 @@ what the step measures, and installs the gradient hooks only when per-micro-batc
 exist (several replicas or accumulation). At the end of the step's last backward pass it reads
 the norms (`capture`) before user code can change the gradients (e.g. clipping); with several
 replicas it starts the step's agreement all-reduce there, which carries the local norms. Once
-the agreement is settled the norms feed `GradientNoiseScale` (`update`). See docs/training.md
-and docs/architecture.md for the estimators.
+the agreement is settled the norms feed `GradientNoiseScale` (`update`). The estimators are
+described in docs/architecture.md, "The training library".
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The replicas' side of checkpoints: one checkpoint to resume, one step to stop at, exit 143.
 
-`CheckpointManager` writes and reads one file and `StopSignal` turns SIGTERM into a flag
-(`pollux.train.checkpoint`); this module is what the replicas do with them together, so that
-a job of several replicas resumes, stops and fails as one (docs/architecture.md §7):
+`CheckpointManager` writes one file and `StopSignal` turns SIGTERM into a flag
+(`pollux.train.checkpoint`); this module is what the replicas do with them together, so that a
+job of several replicas resumes, stops and fails as one (docs/architecture.md §7):
 
-- **Resume.** Every replica loads the checkpoint; if their views differ, rank 0's state wins
-  (`load_agreed_checkpoint`).
-- **Stop.** The trainer polls the flag at step boundaries, where the state is consistent. The
-  replicas agree on the step to stop at (`any_replica` at epoch boundaries, the step's
-  agreement otherwise); then `preempt` has rank 0 write the checkpoint, makes every replica
-  wait until it is durable and raises `Preempted` (exit code 143), or the same
-  `CheckpointError` on every replica if it could not be written.
-- **Periodic checkpoints** are insurance: rank 0 writes one at the first step boundary after
-  the interval, and a failure is only logged, since the other replicas have gone on already.
-`PlannedStop` is one trainer's side of the stop, the rescale pause of the next start included.
+- **Resume.** If the replicas' views of the checkpoint differ, rank 0's state wins.
+- **Stop.** The replicas agree on the step to stop at (`any_replica` at epoch boundaries, the
+  step's agreement otherwise); `preempt` has rank 0 write the checkpoint, makes every replica
+  wait until it is durable and raises `Preempted` (exit 143), or the same `CheckpointError` on
+  every replica. `PlannedStop` is one trainer's side of it, the next start's pause included.
+- **Periodic checkpoints** are insurance: a failure is only logged, since the other replicas
+  have gone on already.
 """
 
 from __future__ import annotations
@@ -138,6 +135,7 @@ class PlannedStop:
         close: Releases the trainer (reporter, agent link, signal handlers, hooks).
         position: Where training stands, for the log (epoch, position, progress).
         log: The trainer's logger.
+        generation: This replica's allocation generation, for the log.
     """
 
     def __init__(
@@ -149,8 +147,10 @@ class PlannedStop:
         close: Callable[[], None],
         position: Callable[[], Mapping[str, Any]],
         log: FilteringBoundLogger,
+        generation: int = 0,
     ) -> None:
         self.signal = StopSignal()
+        self.generation = generation
         self.replicas = replicas
         self.checkpoints = checkpoints
         self.previous_request: float | None = None
@@ -182,7 +182,10 @@ class PlannedStop:
             return None
         pause = max(0.0, now - self.previous_request)
         self._log.info(
-            "rescale_pause", seconds=round(pause, 3), world_size=self.replicas.world_size
+            "rescale_pause",
+            seconds=round(pause, 3),
+            world_size=self.replicas.world_size,
+            generation=self.generation,
         )
         return pause
 

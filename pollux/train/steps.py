@@ -10,7 +10,7 @@ report, checkpoint) is the trainer's; the data loader is not touched here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from structlog.typing import FilteringBoundLogger
@@ -28,9 +28,8 @@ from pollux.train.step_state import StepState
 from pollux.train.timing import StepTimer
 
 
-@dataclass(frozen=True, slots=True)
-class StepOutcome:
-    """How an optimizer step ended.
+class StepOutcome(NamedTuple):
+    """How an optimizer step ended (a named tuple: one is made per step).
 
     Attributes:
         agreed: What the replicas agreed on at its end (stop, batch configuration), or None

@@ -5,7 +5,8 @@ the loop's step state (`step_state`), micro-batch timing (`timing`), gradient st
 (`measurement`), mixed precision (`amp`), the replicas' agreement (`agreement`) and process
 group (`distributed`), the batch-size poller (`poller`), checkpoints (`state`, `preemption`),
 the agent (`control_plane`), the declared size (`work`) and the settings (`config`). How to
-write a job with it is docs/training.md; how the parts work is docs/architecture.md §12.
+write a job with it: docs/training.md; how the parts work: docs/architecture.md, "The training
+library".
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class ElasticTrainer:
         _check_arguments(model, optimizer, init_batch_size)
         self.env = init(env)
         self.init_batch_size = init_batch_size
-        self.log = log.bind(job_id=self.env.job_id, rank=self.env.rank)
+        # Private: `log` is a name the user-facing API may want (a user-metrics method).
+        self._log = log.bind(job_id=self.env.job_id, rank=self.env.rank)
         self.replicas = Replicas.join(self.env, device)
         self.device = self.replicas.device
         self.module = model.to(self.device)
@@ -150,7 +152,7 @@ class ElasticTrainer:
             scaling=self.scaling,
             stop_requested=lambda: self.stop_signal.requested,
             proposal=lambda: self._plane.poller.proposal(),  # noqa: PLW0108 - opened later
-            log=self.log,
+            log=self._log,
         )
         self.collector = self._steps.measurement.collector
         self.gns = self._steps.measurement.gns
@@ -166,7 +168,7 @@ class ElasticTrainer:
             self.module, optimizer, self._amp, self.loader, self.scaling, self.gns, self.profile
         )
         self._checkpoints = TrainerCheckpoints(
-            cfg.checkpoint, self.env, self.replicas, parts, extra=extra_state, log=self.log
+            cfg.checkpoint, self.env, self.replicas, parts, extra=extra_state, log=self._log
         )
         self.checkpoints = self._checkpoints.manager
         self._stop = PlannedStop(
@@ -175,7 +177,8 @@ class ElasticTrainer:
             save=self.save,
             close=self.close,
             position=lambda: LoopPosition.of(self.loader, self.scaling).for_log(),
-            log=self.log,
+            log=self._log,
+            generation=self.env.allocation_gen,
         )
         self.stop_signal = self._stop.signal
         self._size: DeclaredSize | None = None
@@ -187,7 +190,7 @@ class ElasticTrainer:
             cfg.control,
             source=batch_source,
             sink=metrics_sink,
-            log=self.log,
+            log=self._log,
         )
         try:
             initial = self._plane.poller.initial(restored_config, self.replicas.from_leader)
@@ -201,7 +204,7 @@ class ElasticTrainer:
         self.reporter = self._plane.reporter
         self._stop.install(cfg.control.handle_sigterm)
         self._closed = False
-        self.log.info(
+        self._log.info(
             "trainer_ready",
             world_size=self.world_size,
             num_nodes=self.num_nodes,
@@ -389,8 +392,9 @@ class ElasticTrainer:
         self.loader.finish_step()
         if self._steps.state.finished_steps == 1:
             self.rescale_pause_s = self._stop.rescale_pause_s(time.time())
-        work = WorkStatus(self.progress, self.remaining_work, self.rescale_pause_s)
-        self._plane.publish(self.grad_stats, work)
+        if self.reporter is not None:  # rank 0 with a sink: what changed with this step
+            work = WorkStatus(self.progress, self.remaining_work, self.rescale_pause_s)
+            self._plane.publish(self.grad_stats, work)
         if agreed is not None:
             if agreed.config is not None and agreed.config != self.loader.batch_config:
                 self._switch_config(agreed.config)

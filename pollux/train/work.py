@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pollux.train.data import AdaptiveDataLoader
 from pollux.train.errors import InvalidValueError
@@ -59,9 +60,10 @@ class DeclaredSize:
         return cls(SizeUnit.PROGRESS, float(progress))
 
 
-@dataclass(frozen=True, slots=True)
-class LoopPosition:
+class LoopPosition(NamedTuple):
     """The loop's counters that the work left is computed from.
+
+    (A named tuple: one is made per optimizer step, on the training loop's critical path.)
 
     Attributes:
         progress: M0-steps so far.
@@ -85,13 +87,13 @@ class LoopPosition:
     def of(cls, loader: AdaptiveDataLoader, scaling: ScaledOptimizer) -> LoopPosition:
         """Where a loop over `loader`, stepping with `scaling`, stands now."""
         return cls(
-            progress=scaling.progress,
-            epoch=loader.epoch,
-            position=loader.position,
-            dataset_len=loader.dataset_len,
-            samples_total=loader.samples_total,
-            gain=scaling.last_gain,
-            total_batch_size=loader.batch_config.total(loader.num_replicas),
+            scaling.progress,
+            loader.epoch,
+            loader.position,
+            loader.dataset_len,
+            loader.samples_total,
+            scaling.last_gain,
+            loader.batch_config.total(loader.num_replicas),
         )
 
     def for_log(self) -> dict[str, float | int]:
