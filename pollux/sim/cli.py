@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="give the workload's jobs to N users (user-0 …) round-robin; the users of a "
-        "tenant share it alike (default: one user, as published)",
+        "tenant share it alike, and each user's mean JCT is reported (default: one user, "
+        "as published)",
     )
     run.add_argument(
         "--flood",
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         metavar="COUNT[@SECONDS]",
         help="a user 'flood' also submits COUNT copies of the workload's jobs at once, at "
-        "SECONDS (default 0)",
+        "SECONDS (default 0); the workload's jobs are then user-0's unless --owners says",
     )
     compare = sub.add_parser(
         "compare", help="compare run directories with each other and with the published results"
@@ -213,6 +214,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     for name, avg in summary["avgs"].items():
         print(f"{name}: average JCT {avg:.1f} s")
+    for user, figures in summary.get("users", {}).items():
+        print(f"user {user}: mean JCT {figures['mean_jct']:.1f} s over {figures['jobs']:.0f} jobs")
     print(f"mean of workload averages: {summary['mean']:.1f} s  (written to {args.output})")
     return 0
 
