@@ -407,10 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         "--job-s", type=float, default=3.0, help="seconds each of mallory's jobs runs"
     )
     parser.add_argument("--raise-stream-caps", action="store_true")
-    parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--workdir", type=Path, help="the cluster's directory, kept (default: a temporary one)"
+    )
     args = parser.parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pollux-abuse-"))
-    return run(args, workdir)
+    if args.workdir is not None:  # kept, with the cluster's logs
+        return run(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="pollux-abuse-") as workdir:
+        return run(args, Path(workdir))
 
 
 if __name__ == "__main__":

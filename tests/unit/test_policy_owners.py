@@ -14,11 +14,12 @@ from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
 from pollux.policy.optimus import OptimusPolicy
 from pollux.policy.owners import by_owner_turns, next_in_turn, owner_factor, owners_of, turns
+from pollux.policy.placement import owed_first_gpus, owed_moves, placement_state
 from pollux.policy.rounds import decide_round
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, TenantSpec
 from pollux.policy.weights import WeightFactors
-from tests.unit.policy_builders import NOW, random_state
+from tests.unit.policy_builders import NOW, Fixed, random_state
 
 POLLUX = {"pollux": PolluxPolicy(), "pollux-jct": PolluxPolicy(jct=JctParams())}
 TENANTS = (TenantSpec("a"), TenantSpec("b"))
@@ -182,6 +183,7 @@ def test_with_one_owner_per_tenant_every_policy_decides_exactly_as_before(
     st_ = replace(st_, jobs=tuple(jobs), tenants=TENANTS if with_tenants else ())
     assert owner_factor(st_) is None
     assert by_owner_turns(st_) is st_
+    assert not owed_first_gpus(st_)
     policies = [*POLLUX.values(), TiresiasPolicy()]
     for policy in policies:
         fair = policy.allocate(st_, None, np.random.default_rng(0))
@@ -230,6 +232,130 @@ def test_a_full_round_gives_the_other_users_job_a_gpu_despite_the_backlog(name: 
     assert held >= 2, "mallory keeps GPUs too: the factor shares, it does not hand over"
     alike = replace(policy, user_fairness=False).allocate(st_, None, np.random.default_rng(0))
     assert not alike.allocations["victor"], "every job alike: victor waits behind the backlog"
+
+
+@pytest.mark.parametrize("name", ["pollux", "pollux-jct", "optimus", "tiresias"])
+def test_an_event_round_with_no_free_gpu_preempts_one_backlog_job_for_the_other_user(
+    name: str,
+) -> None:
+    # mallory holds every GPU: one of her jobs (alike: the first) makes way for victor's.
+    policy = {**POLLUX, "optimus": OptimusPolicy(), "tiresias": TiresiasPolicy()}[name]
+    st_ = backlog()
+    assert owed_first_gpus(st_) == {("", "victor")}
+    assert owed_moves(st_) == {"m-run-0"}
+    fair = decide_round(st_, policy, "warm", np.random.default_rng(0), placement=True)
+    assert not fair.full
+    assert fair.memory == "warm"
+    assert fair.decision.allocations["victor"] == ("n0",)
+    assert fair.decision.allocations["m-run-0"] == ()
+    assert "preempted" in fair.decision.explain["m-run-0"].reason
+    assert fair.planned is not None
+    assert {"m-run-1", "m-run-2", "m-run-3"}.isdisjoint(fair.planned)  # nobody else moved
+    assert not any(fair.decision.allocations.get(f"m-wait-{i}") for i in range(100))
+    alike = decide_round(
+        st_, replace(policy, user_fairness=False), None, np.random.default_rng(0), placement=True
+    )
+    assert not alike.decision.allocations.get("victor")
+    assert "m-run-0" not in (alike.planned or ())
+
+
+def test_no_job_is_preempted_unless_an_owed_user_takes_its_gpu() -> None:
+    # A policy that places nobody: the round places as if nobody were owed, moving no one.
+    st_ = backlog()
+    nobody = Fixed({})
+    decided = decide_round(st_, nobody, "warm", np.random.default_rng(0), placement=True)
+    assert "m-run-0" not in (decided.planned or ())
+    assert dict(decided.decision.allocations) == {}
+    assert "every GPU is held" in decided.decision.explain["victor"].reason
+
+
+def test_the_preempted_jobs_are_the_cheapest_of_the_user_holding_most() -> None:
+    # Seven GPUs, all held (a: 5, c: 2); b and d hold none and wait: two GPUs are owed.
+    def running(name: str, owner: str, gpus: int, attained: float, submitted: float) -> JobInfo:
+        return JobInfo(name, submitted, allocation=("n0",) * gpus, attained_service=attained,
+                       owner=owner)  # fmt: skip
+
+    jobs = (
+        running("a-big", "a", 2, 10.0, 0.0),  # holds two: frees more than needed
+        running("a-old", "a", 1, 900.0, 0.0),  # has run longest: most to lose
+        running("a-young", "a", 1, 10.0, 50.0),
+        running("a-twin", "a", 1, 10.0, 40.0),
+        running("c-one", "c", 2, 5.0, 0.0),
+        JobInfo("b-new", 60.0, owner="b"),
+        JobInfo("d-new", 61.0, owner="d"),
+    )
+    st_ = ClusterState(NOW, (NodeInfo("n0", 7),), jobs)
+    assert owed_first_gpus(st_) == {("", "b"), ("", "d")}
+    # a holds most both times (5, then 4): its one-GPU jobs that ran least, newest first.
+    assert owed_moves(st_) == {"a-young", "a-twin"}
+    decided = decide_round(
+        st_, POLLUX["pollux-jct"], None, np.random.default_rng(0), placement=True
+    )
+    held = {name for name, on in decided.decision.allocations.items() if on}
+    assert held == {"b-new", "d-new"}
+
+
+def test_no_user_gives_up_its_last_gpu_for_another() -> None:
+    # a holds two GPUs, three users hold none: one GPU of a's is owed, not both.
+    st_ = owned_jobs({"a": 2}, {"b": 1, "c": 1, "d": 1}, 2)
+    assert owed_first_gpus(st_) == {("", "b"), ("", "c"), ("", "d")}
+    assert len(owed_moves(st_)) == 1
+    assert not owed_moves(owned_jobs({"a": 1, "b": 1}, {"c": 1}, 2))
+
+
+def test_the_freed_gpus_are_offered_by_turn_counting_the_preemption() -> None:
+    st_ = backlog()
+    placed = placement_state(st_, freeing={"m-run-0"})
+    assert [(n.name, n.gpus) for n in placed.nodes] == [("n0", 1)]
+    assert [job.name for job in placed.jobs] == ["victor"]  # mallory holds 3, victor none
+
+
+def owned_jobs(held: dict[str, int], waiting: dict[str, int], gpus: int) -> ClusterState:
+    """Users holding `held` one-GPU jobs on one node of `gpus` and `waiting` new jobs each."""
+    jobs = [
+        JobInfo(f"{user}-run-{i}", 0.0, allocation=("n0",), attained_service=60.0, owner=user)
+        for user, count in held.items()
+        for i in range(count)
+    ]
+    jobs += [
+        JobInfo(f"{user}-new-{i}", 1.0, owner=user)
+        for user, count in waiting.items()
+        for i in range(count)
+    ]
+    return ClusterState(NOW, (NodeInfo("n0", gpus),), tuple(jobs))
+
+
+@pytest.mark.parametrize(
+    ("held", "waiting", "gpus", "owed"),
+    [
+        ({"a": 4}, {"b": 1}, 4, "b"),  # b waits for a GPU that a holds a fourth of
+        ({"a": 3}, {"b": 1}, 4, ""),  # one is free: a placement round gives it to b
+        ({"a": 3}, {"b": 1, "c": 2}, 4, "bc"),  # one free GPU for two users holding none
+        ({"a": 2, "b": 1}, {"b": 3}, 3, ""),  # b holds a GPU already
+        ({"a": 1, "b": 1}, {"c": 1}, 2, ""),  # nobody holds a second GPU to give
+        ({"a": 4}, {"a": 5}, 4, ""),  # one user: nobody is owed anything
+        ({"a": 2}, {"b": 1}, 2, "b"),
+    ],
+)
+def test_a_user_is_owed_a_first_gpu_when_only_a_move_can_give_it(
+    held: dict[str, int], waiting: dict[str, int], gpus: int, owed: str
+) -> None:
+    assert owed_first_gpus(owned_jobs(held, waiting, gpus)) == {("", user) for user in owed}
+
+
+def test_a_job_that_ran_before_waits_for_the_periodic_round_as_without_users() -> None:
+    # b's job ran and was preempted: placement rounds never place it, so b is owed nothing.
+    st_ = owned_jobs({"a": 2}, {}, 2)
+    ran = JobInfo("b-old", 1.0, attained_service=30.0, restarts=1, owner="b")
+    assert not owed_first_gpus(replace(st_, jobs=(*st_.jobs, ran)))
+
+
+def test_users_are_owed_only_their_own_tenants_gpus() -> None:
+    st_ = owned_jobs({"a": 2}, {"b": 1}, 2)
+    jobs = tuple(replace(j, tenant="x") if j.owner == "b" else j for j in st_.jobs)
+    assert not owed_first_gpus(replace(st_, jobs=jobs, tenants=(TenantSpec("x"),)))
+    # "x" undefined: the default tenant, a's; inventing a tenant name changes nothing.
+    assert owed_first_gpus(replace(st_, jobs=jobs)) == {("", "b")}
 
 
 @pytest.mark.parametrize("name", ["pollux", "pollux-jct"])

@@ -2,12 +2,19 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pollux.policy.tiresias import TiresiasPolicy
+from pollux.sim.application import load_published_applications
 from pollux.sim.cli import main
 from pollux.sim.runner import per_user
+from pollux.sim.simulator import SimConfig, simulate
+from pollux.sim.traces import default_data_root
 from pollux.sim.workload import Flood, WorkloadJob, assign_owners
+
+APPS = load_published_applications(default_data_root() / "traces")
 
 WORKLOAD = [
     WorkloadJob("ncf-0", 0, "ncf", 1, 32768),
@@ -123,3 +130,22 @@ def test_the_command_line_refuses_a_bad_flood(capsys):
         main(["run", "--flood", "many", "--output", "x", "y.csv"])
     assert exit_info.value.code == 2
     assert "expected COUNT[@SECONDS]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_an_events_round_gives_the_other_user_a_gpu_at_once_only_with_fairness(fair: bool):
+    # "a" holds both GPUs and queues four more jobs; "b" submits one at 100 s. Its event's
+    # placement round preempts one of a's running jobs for b's (b is owed a first GPU).
+    jobs = [WorkloadJob(f"a-{i}", 0, "cifar10", 1, 2048, owner="a") for i in range(6)]
+    jobs.append(WorkloadJob("b-0", 100, "cifar10", 1, 2048, owner="b"))
+    policy = TiresiasPolicy(user_fairness=fair)
+    config = SimConfig(nodes=1, gpus_per_node=2, event_delay=1.0, event_rounds="place")
+    rounds: list[dict[str, Any]] = []
+    simulate(jobs, APPS, policy, config, on_round=rounds.append)
+    first = next(r for r in rounds if any(j["name"] == "b-0" for j in r["submitted_jobs"]))
+    assert first["timestamp"] == 101.0  # the event's round
+    held = {j["name"] for j in first["submitted_jobs"] if j["allocation"]}
+    assert ("b-0" in held) is fair
+    assert len(held) == 2, "one GPU each: a keeps the other"
+    # A placement round: the periodic rounds stay on their 60 s grid either way.
+    assert 120.0 in [r["timestamp"] for r in rounds]
