@@ -1,19 +1,17 @@
 """Fairness between the users of a tenant: queueing more jobs buys a user no more of it.
 
 A policy that values every job alike gives a user with 200 queued jobs 200 times the say of
-a user with one, and ties broken by submission order put the second user's job behind all
-200. Two pure functions give every user of a tenant the same say, whatever their job counts:
+a user with one. Pure functions give every user of a tenant the same say instead:
 
 - `owner_factor`, a factor of each job's weight (`pollux.policy.weights`): the jobs each user
   of a tenant can run on its share of the cluster weigh one equal part of the tenant's weight;
 - `turns`, the order in which equal claims are served: within a tenant, every user's first
   job, then every user's second, ..., the user with fewer jobs first in each turn;
-- `next_in_turn`, the waiting jobs a placement round offers the free GPUs to: those of the
-  users holding the fewest GPUs first (such a round does not see who holds what).
+- `next_in_turn`, the waiting jobs a placement round offers free GPUs to: those of the users
+  holding fewest first (see also `pollux.policy.placement.owed_moves`).
 
-Both are the identity when each tenant's jobs have one owner (the published workloads), so
-no published figure changes. A job's tenant is resolved as the tenant shares resolve it (a
-name no `TenantSpec` defines is the default tenant), so inventing tenant names gains nothing.
+All are the identity when each tenant's jobs have one owner (the published workloads). A
+job's tenant is resolved as the tenant shares resolve it, so inventing names gains nothing.
 """
 
 from __future__ import annotations

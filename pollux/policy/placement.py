@@ -1,20 +1,16 @@
 """Placement rounds: what an event-triggered round may decide without moving anyone.
 
 A submission wants GPUs at once, not at the next periodic round (up to an interval away). A
-full round run at every event, though, also re-plans every running job, so an arrival and a
-departure in the same minute become two moves of the long jobs that soak up spare GPUs. A
-*placement round* does only the urgent part: it places jobs that have never run on the GPUs no
-job holds, and leaves every running job (and every job that ran before and waits to resume)
-to the periodic round, which alone grows, shrinks and moves jobs.
+full round run at every event also re-plans every running job, so an arrival and a
+departure in the same minute become two moves of the long jobs. A *placement round* only
+places jobs that have never run on the GPUs no job holds, and leaves every other job to the
+periodic round, which alone grows, shrinks and moves jobs.
 
-With several users, the free GPUs are offered to the waiting jobs of the users holding the
-fewest GPUs first (`pollux.policy.owners.next_in_turn`), so one user's backlog cannot take
-every GPU that frees up. A user of a tenant holding no GPU while another holds two or more
-is owed a first GPU before that user's second (`owed_first_gpus`): where too few GPUs are
-free, the round preempts one job of the user holding the most for it (`owed_moves`), the
-only move a placement round makes. Tenants are not handled here: a tenant's cap and
-guarantee count the GPUs it holds elsewhere, which a state of free GPUs alone cannot see,
-so with tenants every round is a full one.
+With several users, free GPUs go to the waiting jobs of the users holding fewest first
+(`pollux.policy.owners.next_in_turn`); a user holding no GPU while another user of its
+tenant holds two or more is owed a first GPU (`owed_first_gpus`), for which the round
+preempts one job of the user holding most (`owed_moves`), its one move. With tenants every
+round is full: their caps and guarantees count GPUs held elsewhere, which it cannot see.
 """
 
 from __future__ import annotations
