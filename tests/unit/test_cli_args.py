@@ -7,6 +7,7 @@ integration tests drive the same CLI against real gRPC servers.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,7 @@ def test_the_file_alone(tmp_path):
         scaling_rule="linear",
         env={"A": "file", "B": "file"},
         labels={"team": "vision"},
+        working_dir=os.getcwd(),  # no working_dir anywhere: where pollux-cli ran
     )
 
 
@@ -289,14 +291,15 @@ def test_the_command_after_double_dash_replaces_the_file_command(tmp_path):
 
 def test_submit_without_a_file():
     args = parse("submit", "--name", "a", "--batch-size", "16", "--", "python", "t.py")
-    assert cli.spec_from_args(args) == JobSpec("a", ("python", "t.py"), 16)
+    assert cli.spec_from_args(args) == JobSpec("a", ("python", "t.py"), 16, working_dir=os.getcwd())
 
 
 def test_submit_calls_the_client_and_prints_the_id(fake, capsys):
     code = run(fake, "submit", "--name", "a", "--batch-size", "16", "--request-id", "k1", "--", "t")
     assert code == 0
     name, (spec,), kwargs = fake.calls[0]
-    assert (name, spec, kwargs) == ("submit", JobSpec("a", ("t",), 16), {"request_id": "k1"})
+    want = JobSpec("a", ("t",), 16, working_dir=os.getcwd())
+    assert (name, spec, kwargs) == ("submit", want, {"request_id": "k1"})
     assert capsys.readouterr().out == "j-1\ta\tPENDING\n"
     assert fake.closed
 

@@ -17,6 +17,7 @@ completion script made from this parser (`pollux.client.completion`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 
@@ -38,7 +39,12 @@ from pollux.client.config import (
     parse_servers,
     resolve,
 )
-from pollux.client.errors import InvalidArgumentError, PolluxError, UnreachableError
+from pollux.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    PolluxError,
+    UnreachableError,
+)
 from pollux.client.types import (
     JOB_STATES,
     SCALING_RULES,
@@ -213,6 +219,39 @@ def job_state(text: str) -> str:
 
 # ---- parser ----------------------------------------------------------------------------------
 
+# Flags people bring from other schedulers, and what to use instead.
+_FOREIGN_FLAGS: dict[str, str] = {
+    "--gpus": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--gpu": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--num-gpus": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--nodes": "Pollux places a job's replicas on nodes itself; --max-replicas N caps its GPUs",
+    "--batch-size": "--initial-batch-size N is the job's initial total batch size",
+}
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors also say what the user probably meant."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + "".join(f"\n  hint: {h}" for h in usage_hints(message)))
+
+
+def usage_hints(message: str) -> list[str]:
+    """Hints for an argparse usage error: the flag to use instead, the command meant."""
+    hints = []
+    if message.startswith("unrecognized arguments:"):
+        for word in message.split(":", 1)[1].split():
+            if (hint := _FOREIGN_FLAGS.get(word.split("=", 1)[0])) is not None:
+                hints.append(f"{word.split('=', 1)[0]}: {hint}")
+    if (found := _INVALID_CHOICE.search(message)) is not None:
+        choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+        close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]!r}?")
+    return hints
+
+
 DISTRIBUTION = "pollux-client"
 """The distribution that installs pollux-cli (client/pyproject.toml)."""
 
@@ -317,9 +356,7 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; `environ` supplies POLLUX_SERVER (default: os.environ)."""
     env = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(
-        prog="pollux-cli", description="Submit and inspect jobs on a Pollux cluster."
-    )
+    parser = _Parser(prog="pollux-cli", description="Submit and inspect jobs on a Pollux cluster.")
     _add_globals(parser, env, sub=False)
     parser.add_argument(
         "--version", action="version", version=f"pollux-cli {version()}", help="print the version"
@@ -462,6 +499,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         argv = argv[1:]
     if argv:
         data["command"] = argv
+    if not data.get("working_dir") and not data.get("image"):
+        # Where the user submitted from, as a shell runs a command: not the launcher's own
+        # directory. A job in a container starts in its image's directory instead.
+        data["working_dir"] = os.getcwd()
     return JobSpec.from_mapping(data)
 
 
@@ -489,6 +530,7 @@ def _now() -> datetime:
 
 def _submit(args: argparse.Namespace, client: Client) -> int | None:
     job = client.submit(spec_from_args(args), request_id=args.request_id)
+    args.submitted = job.id
     _emit(args, job, fmt.submitted_text)
     if args.follow or args.wait:
         return cli_jobs.follow_job(client, job.id, logs=args.follow, history_from=0, raw=args.raw)
@@ -530,9 +572,19 @@ def _logs(args: argparse.Namespace, client: Client) -> None:
             client, args.job, rank=args.rank, tail_lines=args.tail, since=args.since, raw=args.raw
         )
         return
-    for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
-        for line in chunk.lines:
-            print(fmt.for_terminal(line, raw=args.raw))
+    try:
+        for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
+            for line in chunk.lines:
+                print(fmt.for_terminal(line, raw=args.raw))
+    except NotFoundError as error:
+        job = client.get_job(args.job)  # a job that does not exist: its own NOT_FOUND
+        if job.is_terminal:
+            raise
+        raise NotFoundError(
+            f"job {job.spec.name or job.id} is {job.state} and rank {args.rank} has no log yet "
+            f"(no replica started); pollux-cli logs -f {job.id} waits for it",
+            error.code,
+        ) from error
 
 
 def _cancel(args: argparse.Namespace, client: Client) -> None:
@@ -691,6 +743,13 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         print(fmt.for_terminal(lines, raw=args.raw), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        if getattr(args, "follow", False) or getattr(args, "wait", False):
+            job = getattr(args, "job", None) or getattr(args, "submitted", None) or "the job"
+            print(
+                f"\ninterrupted: {job} goes on running (pollux-cli logs -f to follow it again, "
+                "pollux-cli cancel to stop it)",
+                file=sys.stderr,
+            )
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`pollux-cli logs JOB | head`); stop quietly, and keep Python

@@ -15,6 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from pollux.client import format as fmt
+from pollux.client.cli_jobs import since_time
 from pollux.client.client import Client
 
 Command = Callable[[str, str], argparse.ArgumentParser]
@@ -45,13 +46,34 @@ def _day(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is not a day like 2026-11-01") from None
 
 
+def _since(text: str) -> datetime:
+    """``--since`` of `usage`: a UTC day, or what ``logs --since`` takes (an argparse type)."""
+    try:
+        return _day(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        return since_time(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a day (2026-11-01), a duration (90m, 2h, 7d) nor an ISO 8601 "
+            "time (2026-11-24T09:00)"
+        ) from None
+
+
 def add_commands(command: Command, sub_parsers: Callable[..., Any]) -> None:
     """Add `whoami`, `usage` and the `admin` tree to the CLI's parser."""
     command("whoami", "who the scheduler takes you for")
     usage = command("usage", "GPU-hours and goodput-hours per tenant and user")
     usage.add_argument("--tenant", default="", help="only this tenant (admins)")
     usage.add_argument("--user", default="", help="only this user (admins; users see their own)")
-    usage.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="from this day (UTC)")
+    usage.add_argument(
+        "--since",
+        type=_since,
+        metavar="DAY|DURATION|TIME",
+        help="from this day (UTC, YYYY-MM-DD), or since 90m, 2h, 7d ago, or an ISO 8601 time "
+        "(as logs --since); usage is kept per day, so this counts from that day's start",
+    )
 
     admin = command("admin", "manage tokens and tenants, read the audit log (admin role)")
     areas = sub_parsers(admin, dest="admin_area", required=True, metavar="AREA")

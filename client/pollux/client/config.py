@@ -184,6 +184,12 @@ def resolve(
     )
 
 
+def current_context(path: Path) -> str | None:
+    """The config file's ``current_context``; None if the file or the key is missing."""
+    value = _read(path).get("current_context")
+    return value if isinstance(value, str) else None
+
+
 def write_context(path: Path, name: str, context: Context, *, current: bool = True) -> None:
     """Add or replace a context in a config file (0600), keeping the others."""
     data = _read(path)

@@ -46,7 +46,7 @@ from pathlib import Path
 import grpc
 
 from pollux.client import Client
-from pollux.client.config import Context, config_path, write_context
+from pollux.client.config import Context, config_path, current_context, write_context
 from pollux.service import auth, pki
 from pollux.service.bootstrap import create_token
 from pollux.service.demo import follow_demo
@@ -133,8 +133,8 @@ class LocalCluster:
         secure: TLS and authentication everywhere (a CA, certificates and an admin token
             made in `workdir/pki`); False runs plaintext, as a loopback-only dev setup.
         job_roots: Directories a job's working_dir may lie in besides the launcher policy's
-            default roots (/tmp, /var/tmp, /srv, /home): `pollux-up` adds the directory it
-            was started from and this checkout, so a job file of a clone anywhere runs.
+            default roots (/tmp, /var/tmp, /srv, /home) and this checkout (always allowed):
+            `pollux-up` adds the directory it was started from and its --allow-root ones.
         dashboard: The first scheduler replica ("scheduler-0") serves the web dashboard on a
             free loopback port (`dashboard_port`, kept across its restarts).
         replica_isolation: Each job's replicas run under a uid of the job's own (the
@@ -486,14 +486,14 @@ class LocalCluster:
 
     def start_launcher(self, name: str) -> Proc:
         """Start a launcher for node `name`, its job policy allowing `job_roots` too."""
-        env = {}
-        if self.job_roots:
-            # Imported here: this module runs launchers as processes and needs their package
-            # only for this default (the distribution `pollux-common` does not depend on it).
-            from pollux.launcher.job_policy import JobPolicy  # noqa: PLC0415
+        # Imported here: this module runs launchers as processes and needs their package only
+        # for this default (the distribution `pollux-common` does not depend on it).
+        from pollux.launcher.job_policy import JobPolicy  # noqa: PLC0415
 
-            roots = [*JobPolicy().allowed_roots, *self.job_roots]
-            env["POLLUX_LAUNCHER_JOB_POLICY__ALLOWED_ROOTS"] = ",".join(map(str, roots))
+        # The checkout too: pollux-cli sends the directory it runs in as a job's default
+        # working_dir, and a local cluster's jobs are run from it (examples, tests).
+        roots = dict.fromkeys([*JobPolicy().allowed_roots, *self.job_roots, REPO])
+        env = {"POLLUX_LAUNCHER_JOB_POLICY__ALLOWED_ROOTS": ",".join(map(str, roots))}
         return self._start_service(
             name,
             "pollux.launcher.main",
@@ -546,13 +546,19 @@ class LocalCluster:
                 member.process.kill()
                 member.process.wait()
 
-    def write_cli_context(self, path: Path, name: str = "local") -> Path:
-        """Write a `pollux-cli` context for this cluster as the admin: 0600 in a 0700 dir."""
+    def write_cli_context(self, path: Path, name: str = "local") -> bool:
+        """Write a `pollux-cli` context for this cluster as the admin: 0600 in a 0700 dir.
+
+        It becomes the current context only if there is none or it is already `name`: a
+        config that points at another cluster keeps pointing there. Returns whether it is
+        the current context.
+        """
         servers = ",".join(self.scheduler_addresses)
         context = Context(server=servers, ca_file=self.ca_file, token=self.admin_token)
-        write_context(path, name, context)
+        current = current_context(path)
+        write_context(path, name, context, current=current in (None, name))
         path.parent.chmod(0o700)  # the token's directory: the admin's alone
-        return path
+        return current in (None, name)
 
     def watch_etcd(self, say: Callable[[str], None] = print) -> list[int]:
         """Say in one line when an etcd member has died; start it again once it has room.
@@ -733,9 +739,17 @@ def _announce(cluster: LocalCluster, context_name: str) -> None:
             flush=True,
         )
     if cluster.secure:
-        path = cluster.write_cli_context(config_path(os.environ), context_name)
+        path = config_path(os.environ)
+        made_current = cluster.write_cli_context(path, context_name)
         print(f"TLS and tokens on; pollux-cli context {context_name!r} (admin) written to {path}")
-        print("use it with:  pollux-cli ls", flush=True)
+        if made_current:
+            print("use it with:  pollux-cli ls", flush=True)
+        else:  # the config's current context is another cluster's: leave it so
+            print(
+                f"use it with:  pollux-cli --context {context_name} ls  (the current context "
+                f"stays {current_context(path)!r})",
+                flush=True,
+            )
     else:
         print(f"use it with:  export POLLUX_SERVER={servers}; pollux-cli ls", flush=True)
 
