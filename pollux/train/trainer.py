@@ -55,6 +55,7 @@ from pollux.train.scaling import ScaledOptimizer, ScalingRule
 from pollux.train.state import Stateful, TrainerCheckpoints, TrainingParts
 from pollux.train.steps import OptimizerSteps
 from pollux.train.work import DeclaredSize, LoopPosition, SizeUnit, remaining_work
+from pollux.user_metrics import metric_problems
 
 __all__ = [
     "DEFAULT_CHECKPOINT_INTERVAL_S",
@@ -182,6 +183,7 @@ class ElasticTrainer:
         )
         self.stop_signal = self._stop.signal
         self._size: DeclaredSize | None = None
+        self._user_metrics: tuple[tuple[str, float], ...] = ()
 
         restored_config = self._restore()
         self._plane = ControlPlane(
@@ -370,6 +372,19 @@ class ElasticTrainer:
             return False
         self._finish_step(info)
         return True
+
+    def log(self, **values: float) -> None:
+        """Values for people to read (``trainer.log(loss=0.3)``), plotted on the job's page.
+
+        Rank 0's go to the agent with its next report (other ranks' are only checked).
+        Raises InvalidValueError for what `pollux.user_metrics` refuses.
+        """
+        merged = {**dict(self._user_metrics), **{k: float(v) for k, v in values.items()}}
+        if problems := metric_problems(merged, "log"):
+            raise InvalidValueError(*problems[0])
+        self._user_metrics = tuple(sorted(merged.items()))
+        if self.rank == 0:
+            self._plane.publish_user_metrics(self._user_metrics)
 
     def check_preemption(self) -> None:
         """Honour a requested stop now (checkpoint, then `Preempted`); collective if K > 1.

@@ -11,7 +11,9 @@ the server knows only its files; every other path under ``/api/v1/`` is a JSON e
 - ``/api/v1/jobs/<id>``: one job, by id, unique prefix or name (GetJob);
 - ``/api/v1/jobs/<id>/timeline``: its sampled life, restarts and predicted progress (GetJob,
   GetJobTimeline);
-- ``/api/v1/jobs/<id>/explain``: its explain record (Explain).
+- ``/api/v1/jobs/<id>/explain``: its explain record (Explain);
+- ``/api/v1/jobs/<id>/logs``: the last lines of a replica's log, query ``rank`` and ``tail``
+  (StreamLogs, not followed: the page asks again at every refresh).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Endpoint(StrEnum):
     JOB = "job"
     TIMELINE = "timeline"
     EXPLAIN = "explain"
+    LOGS = "logs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ def route(path: str, files: Container[str]) -> Route:
                 return Route(endpoint=Endpoint.TIMELINE, job_id=job_id)
             case ["jobs", job_id, "explain"] if _job_ref(job_id):
                 return Route(endpoint=Endpoint.EXPLAIN, job_id=job_id)
+            case ["jobs", job_id, "logs"] if _job_ref(job_id):
+                return Route(endpoint=Endpoint.LOGS, job_id=job_id)
         raise NoRoute(path, api=True)
     if path in files:
         return Route(static=path)

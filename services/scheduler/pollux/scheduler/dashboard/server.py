@@ -45,7 +45,7 @@ from pollux.scheduler.dashboard.sampler import DEFAULT_POINTS, UtilisationRing, 
 from pollux.scheduler.servicer import Context, SchedulerServicer
 from pollux.service import auth
 from pollux.service.config import ConfigError
-from pollux.service.errors import InvalidArgument, status_of
+from pollux.service.errors import InvalidArgument, NotFound, status_of
 from pollux.service.store import cancel_and_wait
 from pollux.service.tls import TlsFiles, is_loopback
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -396,6 +396,7 @@ class Dashboard:
             routes.Endpoint.EXPLAIN: lambda: servicer.Explain(
                 spb.ExplainRequest(job_id=job_id), call
             ),
+            routes.Endpoint.LOGS: lambda: self._logs(job_id, query, call),
         }
         assert found.endpoint is not None
         answer = await handlers[found.endpoint]()
@@ -423,6 +424,21 @@ class Dashboard:
 
     async def _jobs(self, query: dict[str, str], call: Context) -> spb.ListJobsResponse:
         return await self.servicer.ListJobs(views.jobs_request(query), call)
+
+    async def _logs(self, job_id: str, query: dict[str, str], call: Context) -> dict[str, Any]:
+        """The newest replica's last lines (views.logs_request bounds the query)."""
+        request = views.logs_request(job_id, query)
+        lines: list[str] = []
+        generation = 0
+        try:
+            async for chunk in self.servicer.StreamLogs(request, call):
+                generation = int(chunk.generation)
+                lines.extend(chunk.lines)
+        except NotFound as missing:
+            job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job
+            return views.logs_view(job, request.rank, 0, [], note=str(missing))
+        job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job
+        return views.logs_view(job, request.rank, generation, lines[-request.tail_lines :])
 
     async def _timeline(self, job_id: str, call: Context) -> dict[str, Any]:
         job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job
