@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             total += loss.detach() * len(labels)  # no .item(): it would sync a GPU every batch
             seen += len(labels)
         test_loss, accuracy = evaluate(trainer.module, test, trainer.device)
+        # Plotted on the job's page in the dashboard (rank 0's values are the ones sent).
+        trainer.log(test_loss=test_loss, accuracy=accuracy)
         if env.rank == 0:
             stats = trainer.grad_stats
             pgns = None if stats is None else stats.pgns(args.batch_size)
