@@ -142,6 +142,7 @@ class SchedulerApp(ServiceApp):
             interval_s=scheduling.forecast_interval_s,
             round_s=scheduling.forecast_round_s,
             restart_delay_s=scheduling.restart_delay_s,
+            live_round_s=scheduling.interval_s,
         )
         servicer = SchedulerServicer(
             store,

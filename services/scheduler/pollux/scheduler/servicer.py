@@ -624,6 +624,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             model,
             round_s=forecaster.round_s if forecaster is not None else 300.0,
             restart_delay_s=forecaster.restart_delay_s if forecaster is not None else 30.0,
+            live_round_s=forecaster.live_round_s if forecaster is not None else None,
         )
         if result is None:
             raise FailedPrecondition(
