@@ -74,7 +74,7 @@ TOP = set(cli.build_parser({})._subparsers._group_actions[0].choices)  # type: i
         (("ls", "--st"), {"--state"}),
         (("ls", "--state", ""), set(JOB_STATES)),
         (("ls", "--state", "RU"), {"RUNNING"}),
-        (("--server", "h:1", "d"), {"describe", "delete"}),
+        (("--server", "h:1", "d"), {"describe", "delete", "dashboard"}),
         (("submit", "--scaling-rule", ""), set(SCALING_RULES)),
         (("submit", "--ini"), {"--initial-batch-size"}),
         (("submit", "--batch-size", "32", "--na"), {"--name"}),

@@ -149,3 +149,27 @@ def test_pollux_up_does_not_take_over_another_clusters_current_context(tmp_path)
     assert current_context(fresh) == "local"
     assert LocalCluster.write_cli_context(cluster, fresh) is True  # type: ignore[arg-type]
     assert oct(Path(fresh).stat().st_mode & 0o777) == "0o600"
+
+
+class ClusterClient(NoReplicaClient):
+    def __init__(self, url: str) -> None:
+        super().__init__("RUNNING")
+        self.url = url
+
+    def cluster_status(self) -> Any:
+        return SimpleNamespace(dashboard_url=self.url)
+
+
+def test_dashboard_prints_the_address_and_on_request_a_sign_in_link(capsys) -> None:
+    url = "https://sched:8443/"
+    assert run(ClusterClient(url), "dashboard") == 0
+    assert capsys.readouterr().out == url + "\n"
+
+    def connect(args: Any) -> Any:
+        args.token = "pollux_secret"
+        return ClusterClient(url)
+
+    assert cli.main(["dashboard", "--link"], connect=connect) == 0
+    assert capsys.readouterr().out == url + "#token=pollux_secret\n"
+    assert run(ClusterClient(""), "dashboard") == cli.EXIT_ERROR
+    assert "serves no dashboard" in capsys.readouterr().err

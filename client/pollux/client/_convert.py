@@ -533,6 +533,7 @@ def cluster_from_proto(message: spb.ClusterStatusResponse) -> ClusterStatus:
         last_round=message.last_round,
         answered_by=message.answered_by,
         warnings=tuple(message.warnings),
+        dashboard_url=message.dashboard_url,
     )
 
 

@@ -353,6 +353,23 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`nodes`, `dashboard` and `top`: the cluster rather than one job."""
+    command("nodes", "list nodes with GPUs used/total and their jobs")
+    dashboard = command("dashboard", "print the web dashboard's address")
+    dashboard.add_argument(
+        "--link",
+        action="store_true",
+        help="a one-click sign-in link: your token in the address's #fragment (never sent to "
+        "the server, but visible on your screen and in the browser's history)",
+    )
+    top = command("top", "refreshing cluster view (Ctrl-C to quit)")
+    top.add_argument(
+        "--interval", type=positive_float, default=2.0, metavar="SECONDS", help="default 2"
+    )
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; `environ` supplies POLLUX_SERVER (default: os.environ)."""
     env = os.environ if environ is None else environ
@@ -449,13 +466,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     explain = command("explain", "why a job has the GPUs and batch size it has")
     explain.add_argument("job", metavar="JOB")
 
-    command("nodes", "list nodes with GPUs used/total and their jobs")
-
-    top = command("top", "refreshing cluster view (Ctrl-C to quit)")
-    top.add_argument(
-        "--interval", type=positive_float, default=2.0, metavar="SECONDS", help="default 2"
-    )
-    top.add_argument("--once", action="store_true", help="print one screen and exit")
+    _add_cluster_commands(command)
 
     def sub_parsers(parent: argparse.ArgumentParser, **kwargs: Any) -> Any:
         return parent.add_subparsers(**kwargs)
@@ -607,6 +618,20 @@ def _nodes(args: argparse.Namespace, client: Client) -> None:
     _emit(args, cluster, fmt.nodes_table, data=cluster.nodes)
 
 
+def _dashboard(args: argparse.Namespace, client: Client) -> int | None:
+    url = client.cluster_status().dashboard_url
+    if not url:
+        print(
+            "error: the scheduler that answered serves no dashboard (its dashboard_listen "
+            "setting is empty; pollux-up serves one)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    token = getattr(args, "token", None) if args.link else None
+    _print(args, f"{url}#token={token}" if token else url)
+    return None
+
+
 def _top(args: argparse.Namespace, client: Client) -> None:
     active = [s for s in JOB_STATES if s not in TERMINAL_STATES]
     clear = sys.stdout.isatty() and not args.once and args.output == "table"
@@ -638,6 +663,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "delete": _delete,
     "explain": _explain,
     "nodes": _nodes,
+    "dashboard": _dashboard,
     "top": _top,
     **cli_admin.COMMANDS,
 }
@@ -702,6 +728,7 @@ def _connect(args: argparse.Namespace) -> Client:
     except ServerAddressError as error:
         raise ValueError(f"{context.server_from}: {error}") from error
     args.server_from = context.server_from
+    args.token = context.token  # for `dashboard --link`, which prints it on request
     credentials = None
     if context.ca_file is not None:
         try:

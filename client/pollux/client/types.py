@@ -462,6 +462,8 @@ class ClusterStatus:
     """Scheduler replica that answered."""
     warnings: tuple[str, ...] = ()
     """What is wrong with the cluster's state store now (etcd out of space), one line each."""
+    dashboard_url: str = ""
+    """The answering replica's web dashboard; empty when it serves none."""
 
     @property
     def free_gpus(self) -> int:

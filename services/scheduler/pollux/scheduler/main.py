@@ -156,6 +156,7 @@ class SchedulerApp(ServiceApp):
             seed_profiles=scheduling.seed_profiles,
             limits=limits,
         )
+        self.servicer = servicer
         self.dashboard = (
             Dashboard(
                 servicer,
@@ -191,6 +192,7 @@ class SchedulerApp(ServiceApp):
         self.forecaster.start()
         if self.dashboard is not None:
             await self.dashboard.start()
+            self.servicer.dashboard_url = self.dashboard.url
 
     async def stop(self) -> None:
         """Stop the dashboard, forecasting and serving, then write the queued audit records."""

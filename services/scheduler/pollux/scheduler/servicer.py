@@ -142,6 +142,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         self.warnings = warnings
         self.mirror = mirror
         self.replica_id = replica_id
+        self.dashboard_url = ""
+        """This replica's web dashboard, once it serves one (set by the service's main)."""
         self.on_change = on_change
         self.last_round = last_round
         self.clock = clock
@@ -743,6 +745,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             answered_by=self.replica_id,
             last_round=self.last_round(),
             warnings=self.warnings(),
+            dashboard_url=self.dashboard_url,
         )
         for node_name in sorted(snapshot.nodes):
             node = snapshot.nodes[node_name]
