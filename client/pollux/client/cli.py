@@ -260,7 +260,10 @@ _COMPLETION_HINTS: dict[str, tuple[str, ...]] = {
     "state": JOB_STATES,
     "file": (completion.FILES,),
     "working_dir": (completion.DIRS,),
+    "job": (completion.JOBS,),
 }
+_COMPLETED_JOBS = 200
+"""Newest jobs whose names and ids `pollux-cli __jobs` prints for shell completion."""
 
 
 def version() -> str:
@@ -472,6 +475,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         return parent.add_subparsers(**kwargs)
 
     cli_admin.add_commands(command, sub_parsers)
+    # For the completion scripts only: no help, so it is neither listed nor completed.
+    _add_globals(sub.add_parser(completion.JOBS_COMMAND), env, sub=True)
     shell = command(
         "completion",
         "print a shell completion script: source <(pollux-cli completion bash), or zsh",
@@ -632,6 +637,14 @@ def _dashboard(args: argparse.Namespace, client: Client) -> int | None:
     return None
 
 
+def _jobs_for_completion(args: argparse.Namespace, client: Client) -> None:
+    """The newest jobs' names, then their ids, one a line (what `@jobs` completes)."""
+    jobs = list(client.list_jobs(newest_first=True, limit=_COMPLETED_JOBS))
+    words = dict.fromkeys([j.spec.name for j in jobs if j.spec.name] + [j.id for j in jobs])
+    for word in words:
+        print(fmt.for_terminal(word, raw=False))
+
+
 def _top(args: argparse.Namespace, client: Client) -> None:
     active = [s for s in JOB_STATES if s not in TERMINAL_STATES]
     clear = sys.stdout.isatty() and not args.once and args.output == "table"
@@ -665,6 +678,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "nodes": _nodes,
     "dashboard": _dashboard,
     "top": _top,
+    completion.JOBS_COMMAND: _jobs_for_completion,
     **cli_admin.COMMANDS,
 }
 
