@@ -4,10 +4,10 @@ A re-run of a training job runs the same model on the same hardware, so the step
 earlier run measured are its own. Without them every job starts small (one GPU; in the jct
 mode up to 4) and may only grow to a few times its largest measured size each round
 (`pollux.policy.exploration`), paying a restart per step. With `scheduling.seed_profiles`
-on (off by default: README, "Seeded re-runs"), the scheduler seeds a submission from the
-owner's newest earlier job of the same name that has a throughput fit: the new job's profile
-carries that run's rows as `seed_observations`, and its model starts from that run's fit, so
-the first round can size the job from what is known.
+on (off by default: docs/results.md, "Seeded re-runs"), the scheduler seeds a submission from
+the owner's newest earlier job of the same name that has a throughput fit: the new job's
+profile carries that run's rows as `seed_observations`, and its model starts from that run's
+fit, so the first round can size the job from what is known.
 
 Seeded rows never mix with the job's own: reports merge into `observations` only, and the fit
 uses a seeded row only for a (nodes, replicas, local batch) the job has not measured itself

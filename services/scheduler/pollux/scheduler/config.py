@@ -40,8 +40,8 @@ class SchedulingConfig:
     on the GPUs no job holds, and leave every other job to the periodic rounds, which keep
     their own clock (pollux.policy.placement). "full": re-plan every job, the periodic timer
     restarting from the round; an arrival and a departure in the same minute then move the
-    running jobs twice (more restarts per job on the simulator: README "Beyond Pollux").
-    With tenants every round is a full one."""
+    running jobs twice (more restarts per job on the simulator: docs/results.md, "The jct
+    mode: further runs and discussion"). With tenants every round is a full one."""
     restart_delay_s: float = 30.0
     """Expected cost of a re-allocation, for the Pollux policies' restart penalty."""
     seed: int = 0
