@@ -91,7 +91,10 @@ def isolated_goodput(
         goodput_curve(utilities, speed, np.nonzero(tenants.of_job == t)[0], int(entitled[t] + 1e-9))
         for t in range(count)
     )
-    goodput = np.array([float(curve[1][-1]) for curve in curves])
+    # The best the jobs reach on at most E_t GPUs: greedy growth by utility may pass a
+    # higher goodput on its way (fairness costs some), and a tenant alone could stop there.
+    # The greedy path depends on E_t, so I_t may dip slightly as E_t grows (under 2 %).
+    goodput = np.array([float(curve[1].max()) for curve in curves])
     return IsolatedGoodput(entitled, goodput, curves)
 
 
