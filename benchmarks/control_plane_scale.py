@@ -43,6 +43,7 @@ from typing import Any
 
 import grpc
 
+from pollux.service.etcd.maintenance import EtcdMaintenance
 from pollux.service.keys import Kind
 from pollux.service.local_cluster import LocalCluster
 from pollux.service.store import MAX_TXN_BYTES, Put, Store
@@ -124,9 +125,10 @@ async def cancel_all(address: str) -> tuple[float, int]:
 
 async def live_bytes(store: Store) -> int:
     """Bytes etcd holds for live keys: compacted to now, then its in-use size."""
-    member = await store.member_status()
-    await store.compact(member.revision)
-    return (await store.member_status()).db_in_use
+    maintenance = EtcdMaintenance(store)
+    member = await maintenance.member_status()
+    await maintenance.compact(member.revision)
+    return (await maintenance.member_status()).db_in_use
 
 
 async def live_growth(store: Store, log: Path, count: int) -> float:

@@ -23,8 +23,8 @@ from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, JCT_OBJECTIVE
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
 from pollux.scheduler.scheduler import Scheduler
-from pollux.service import store as store_module
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.etcd import kv as etcd_kv
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import Expect, Fence, FenceLost, Put, Store, cancel_and_wait
@@ -584,7 +584,7 @@ async def test_a_write_over_the_store_bound_keeps_the_leader_and_is_resource_exh
     await eventually(lambda: replica.scheduler.leadership.leading, what="leadership")
     fence = replica.scheduler.leadership.fence
     # As if a bound elsewhere were broken: the stored record is now over the store's bound.
-    monkeypatch.setattr(store_module, "MAX_VALUE_BYTES", 10_000)
+    monkeypatch.setattr(etcd_kv, "MAX_VALUE_BYTES", 10_000)
     before = too_large_rounds()
     await add_node(store, "n1", 1)  # the next round would allocate it: a write of the record
     await eventually(lambda: too_large_rounds() > before, what="a refused round")
