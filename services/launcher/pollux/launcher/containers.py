@@ -97,7 +97,7 @@ class Container:
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """What one replica's ``run`` command is made of (launcher.py fills it in).
+    """What one replica's ``run`` command is made of (container_runtime.py fills it in).
 
     Attributes:
         runtime: "podman" or "docker".

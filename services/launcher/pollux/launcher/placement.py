@@ -14,7 +14,7 @@ else the host part of its registered gRPC address. The port is derived from
 computes the same port with no coordination, and a new generation moves to a different port
 (its predecessor's sockets may still linger in TIME_WAIT). `master_ports` yields that port and
 then the following ones, wrapping in the range: the rank-0 launcher takes the first free one
-when every rank is local; see `launcher.Launcher._master_port` for the multi-node case.
+when every rank is local; see ports.py for the multi-node case.
 """
 
 from __future__ import annotations
