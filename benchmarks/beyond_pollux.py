@@ -1,33 +1,10 @@
-"""Beyond Pollux: faithful Pollux against its "jct" mode, as a Pareto table (issue 15).
+"""Beyond Pollux: faithful Pollux against "pollux-jct" and its ablations, as a Pareto table.
 
-For each policy mode and job load (the published workloads, or fresh ones re-sampled from
-their job mix) it simulates every workload and prints, over all of them:
-
-- mean JCT: the mean of the workloads' average JCTs (the paper's number), seconds;
-- p99 JCT: the 99th percentile of every job's JCT, all workloads pooled, seconds;
-- makespan: mean over workloads of the last completion time, seconds;
-- restarts/job: re-allocations (the first allocation is not one) per job, and their 90th
-  percentile over jobs ("p90 rst"): the mean is carried by the few longest jobs, which live
-  through many arrivals and departures;
-- GPU-hours: GPUs held (restart pauses included) per workload, mean over workloads;
-- worst FTF: the largest finish-time-fairness ratio, JCT ÷ JCT alone on 1/N of the
-  cluster, N the job's time-averaged number of active jobs (itself included) in this
-  schedule. "Alone" is *simulated*: the job by itself under faithful Pollux on a cluster of
-  round(64 / N) GPUs (one node of that many when ≤ 4, else whole 4-GPU nodes), with the same
-  round length and restart delay; cached per (application, GPUs).
-
-Options: per-model restart delays (`--restart-delays random:SEED` draws one delay per
-application, log-uniformly in Sia's measured 15-250 s), round length (`--interval 30`,
-`120`, `480`), the fraction of jobs that declare no size (`--undeclared 0.3`), and fresh
-workloads (`--fresh 8`: that many workloads per load re-sampled from the published job mix:
-applications and tuned sizes drawn from the pooled 1.0x workloads, submission times drawn
-from their pooled submission times, load × 160 jobs each; seeds not used by the published
-ones). `--share-profiles` starts each job from the step times the newest earlier run of its
-application measured (`SimConfig.share_profiles`, what the live scheduler's profile seeding
-does). `--variants` adds ablations of the jct mode and other round timings: "-events"
-variants also run a full round a second after each submission and completion, "-place" ones
-a placement round (only jobs that never ran, on free GPUs), as the live scheduler does by
-default (`scheduling.event_rounds`).
+For each variant and job load (the published workloads, or fresh ones re-sampled from their
+job mix) it simulates every workload and prints mean and p99 JCT, makespan, restarts per job,
+GPU-hours and finish-time fairness. The variants that are not policies of the registry
+(`pollux.policy.registry`) are ablations: they live here only. docs/results.md ("The jct
+mode") defines every column and option and holds the measured tables.
 
     python benchmarks/beyond_pollux.py --loads 0.5,1.0,1.5 --processes 2
     python benchmarks/beyond_pollux.py --loads 1.0 --restart-delays random:1
@@ -54,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from pollux.goodput import SyncModel
+from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.jct import JctParams
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.registry import JCT_RESTARTS, PolicySpec, make_policy
+from pollux.policy.types import Policy
 from pollux.sim.application import Application, load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
@@ -112,9 +91,19 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def make_policy(variant: str, restart_delay: float) -> PolluxPolicy:
-    """Pollux in a mode (faithful, jct or an ablation), valuing restarts at `restart_delay`."""
-    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=VARIANTS[variant].jct)
+def variant_policy(variant: str, restart_delay: float) -> Policy[Any]:
+    """The policy of a variant, valuing restarts at `restart_delay`.
+
+    Faithful Pollux and the jct mode come from the registry ("pollux", "pollux-jct"); an
+    ablation (other `JctParams`) is built here, the one place it exists.
+    """
+    jct = VARIANTS[variant].jct
+    if jct is None:
+        return make_policy(PolicySpec("pollux", restart_delay_s=restart_delay))
+    if jct.restart in JCT_RESTARTS and jct == JctParams(restart=jct.restart):
+        spec = PolicySpec("pollux-jct", restart_delay_s=restart_delay, jct_restart=jct.restart)
+        return make_policy(spec)
+    return PolluxPolicy(PolluxParams(restart_delay=restart_delay), jct=jct)
 
 
 # -- workloads ----------------------------------------------------------------------------------
@@ -199,7 +188,7 @@ class Task:
 
 def run_task(task: Task) -> dict[str, Any]:
     """Simulate one task; per-job JCT, restarts, GPU-seconds, and the makespan."""
-    policy = make_policy(task.variant, task.config.restart_delay)
+    policy = variant_policy(task.variant, task.config.restart_delay)
     started = time.perf_counter()
     result = simulate(list(task.jobs), _apps(), policy, task.config)
     return {
@@ -230,7 +219,7 @@ def alone_jct(app: str, gpus: int, config: SimConfig) -> float:
         nodes, per_node = max(1, round(gpus / config.gpus_per_node)), config.gpus_per_node
     cluster = replace(config, nodes=nodes, gpus_per_node=per_node, tenants=())
     job = WorkloadJob(f"{app}-alone", 0.0, app, 1, 1)
-    policy = make_policy("faithful", cluster.restart_delay)
+    policy = variant_policy("faithful", cluster.restart_delay)
     return simulate([job], _apps(), policy, cluster).jcts[job.name]
 
 

@@ -1,59 +1,16 @@
 """Tenants on the published workloads: each tenant's goodput vs what it is entitled to.
 
 Jobs of the eight published 160-job workloads (16 × 4 GPUs) go to 2-4 tenants by a hash of
-their names (`pollux.sim.workload.assign_tenants`). Each configuration runs the Pollux policy
-with the tenants' guarantees, weights and caps; the baseline is single-tenant Pollux on the
-same workloads (the published setup, run once: tenant labels do not reach its policy). Both run
-in the policy mode `--mode` names: faithful Pollux (default) or the jct mode.
+their names (`pollux.sim.workload.assign_tenants`). Each configuration runs a Pollux policy
+(`--policy`) with the tenants' guarantees, weights and caps and a tenant-share method
+(`--shares`); the baseline is single-tenant Pollux on the same workloads. It prints each
+tenant's share of goodput against its entitlement ("off"), its goodput against what it would
+get alone on its entitled GPUs ("÷alone") and mean JCT. docs/results.md ("Tenants") defines
+every figure and option and holds the measured tables.
 
-Definitions (`pollux.policy.tenants` says why):
-
-- entitled GPUs E_t = g_t + w_t / Σw · (N − Σg), water-filled under the caps; entitlement
-  e_t = E_t / ΣE, tenant t's share of the cluster's goodput when every tenant is busy.
-- goodput of a tenant in a round: the sum of its jobs' speedups on their new allocations, as
-  the policy values them (goodput over the round's fair-share reference; restart penalty not
-  included). A tenant's share in a round is its goodput over all tenants' goodput.
-- busy: a tenant is busy in a round when it has unmet demand: one of its jobs holds fewer
-  GPUs than it may use (its max_replicas, which the simulator sets to twice the largest
-  allocation the job has profiled). This is max-min fairness's condition: a tenant whose
-  every job has all it can use is satisfied and owed nothing more, whatever its share.
-  Shares are averaged over the rounds in which every tenant is busy, over all workloads;
-  "off" is share / e_t − 1 (the target is within ±10 %).
-
-- isolated goodput I_t in a round: the goodput tenant t's jobs of that round would get alone
-  on ⌊E_t⌋ GPUs (a static partition), grown as the policy's count phase grows them, in the
-  same unit (`pollux.policy.tenants.isolation`). "÷alone" is the tenant's goodput summed over
-  the all-busy rounds ÷ its I_t summed over them; the target is ≥ 0.9 for every tenant (the
-  sharing incentive: no tenant is more than 10 % worse off than on its own partition; more
-  is allowed). "<0.9" is the fraction of those rounds in which it got less than 0.9 · I_t.
-
-The issue's target reads "within ±10 % of its goodput entitlement"; both readings are printed:
-the share of the cluster's goodput (off) and the isolation ratio (÷alone). The share cannot be
-met at any weight when a tenant's jobs scale badly, and the isolation ratio is what a team
-gives up by pooling its GPUs (README, "Tenants").
-
-The same shares are measured for the baseline (over its own all-busy rounds): what tenants
-get when the policy knows nothing of them. Mean JCT is over every job of every workload run.
-
-The JCT target applies to configurations without caps only: a cap binds even on an otherwise
-idle cluster (the capped tenant's jobs queue behind its cap while GPUs stand idle), which no
-sharing method can undo; the report says which configurations it applies to.
-
-    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--mode jct] [--processes 2]
+    python benchmarks/multi_tenant.py [--quick] [--load 1.0] [--policy pollux-jct] [--processes 2]
         [--shares budgets|weights|deficits|isolation] [--assign hash|round_robin]
         [--demand equal|entitled]
-
---quick runs three configurations on two workloads (about 2 minutes on 2 cores). --assign
-round_robin gives jobs to tenants in submission order instead of by name hash: a labelling
-the default runs do not use, to check that a method is not fitted to one.
-
---demand says how many jobs each tenant brings. "equal" (default): every tenant about the
-same number, whatever its entitlement, so unequal weights and guarantees make the tenants'
-loads differ from what they are entitled to; that is the case a sharing method exists for,
-and there its JCT cost is by design (a tenant entitled to less than its load queues longer;
-the single-tenant baseline ignores entitlements). "entitled": jobs in proportion to e_t, as
-when an administrator sizes guarantees and weights to the teams' work; then the tenants ask
-for what they are entitled to, and what JCT a method costs is its own overhead.
 """
 
 from __future__ import annotations
@@ -71,10 +28,14 @@ from typing import Literal
 
 import numpy as np
 
+from benchmarks.wrapped import WrappedPolicy
 from pollux.policy import greedy
-from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
-from pollux.policy.problem import Problem, TenantShares
-from pollux.policy.tenants import FLOOR, Tenants, entitlements, isolation
+from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.quota import Tenants, entitlements
+from pollux.policy.registry import TENANT_SHARES, PolicySpec, make_policy
+from pollux.policy.tenant_shares import Ledger
+from pollux.policy.tenant_shares.common import isolated_goodput
+from pollux.policy.tenant_shares.isolation import FLOOR
 from pollux.policy.types import AllocationDecision, ClusterState, TenantSpec
 from pollux.sim.application import load_published_applications
 from pollux.sim.runner import spec_for
@@ -103,37 +64,29 @@ Jobs = tuple[tuple[str, float, int, int], ...]
 """Per job in a round: (name, speedup, GPUs, demand = min(max_replicas, N))."""
 
 Round = tuple[Jobs, dict[str, list[float]]]
-"""A round's jobs, and per configuration each tenant's isolated goodput (`tenants.isolation`)."""
+"""A round's jobs, and per configuration each tenant's isolated goodput (`isolated_goodput`)."""
 
 Labels = dict[str, tuple[tuple[TenantSpec, ...], dict[str, str]]]
 """Per configuration to measure: its tenants and each job's tenant."""
 
 
-class Recorder:
-    """The Pollux policy, keeping what each round gave every job and what tenants are owed.
+class Recorder(WrappedPolicy[Ledger]):
+    """A Pollux policy, keeping what each round gave every job and what tenants are owed.
 
     `observed`: the configurations whose isolated goodputs to record each round (the run's
     own, or for the single-tenant baseline every configuration, with its labelling).
     """
 
-    name = "pollux"
-
-    def __init__(
-        self,
-        shares: TenantShares = TenantShares.BUDGETS,
-        observed: Labels | None = None,
-        jct: JctParams | None = None,
-    ) -> None:
-        self.policy = PolluxPolicy(PolluxParams(tenant_shares=shares), jct=jct)
-        self.exploration = self.policy.exploration  # how far the simulator lets jobs explore
+    def __init__(self, spec: PolicySpec, observed: Labels | None = None) -> None:
+        super().__init__(make_policy(spec))
         self.rounds: list[Round] = []
         self.observed = observed or {}
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: Ledger | None, rng: np.random.Generator
+    ) -> AllocationDecision[Ledger]:
         """The policy's decision, recorded."""
-        decision = self.policy.allocate(state, memory, rng)
+        decision = self.inner.allocate(state, memory, rng)
         total = sum(node.gpus for node in state.nodes)
         jobs = tuple(
             (
@@ -151,7 +104,7 @@ class Recorder:
         """Per observed configuration, each tenant's isolated goodput I_t this round.
 
         The same goodput models and unit as the policy's (a `Problem` of the round, the count
-        phase's utilities, `tenants.isolation`), whatever the policy itself was told.
+        phase's utilities, `isolated_goodput`), whatever the policy itself was told.
         """
         if not state.jobs or not state.nodes or not self.observed:
             return {}
@@ -160,7 +113,7 @@ class Recorder:
         out = {}
         for config, (specs, tenant_of) in self.observed.items():
             labelled = [replace(job, tenant=tenant_of[job.name]) for job in state.jobs]
-            alone = isolation(problem, utilities, Tenants.of(specs, labelled))
+            alone = isolated_goodput(problem, utilities, Tenants.of(specs, labelled))
             out[config] = alone.goodput[: len(specs)].tolist()
         return out
 
@@ -170,16 +123,17 @@ Demand = Literal["equal", "entitled"]
 
 
 def simulate_one(
-    task: tuple[str, Path, TenantShares, Assign, Demand, tuple[str, ...], str],
+    task: tuple[str, Path, str, Assign, Demand, tuple[str, ...], str],
 ) -> tuple[str, str, dict[str, float], list[Round]]:
     """Run one workload under one configuration ("" = single-tenant baseline).
 
-    The baseline records the isolated goodputs of every configuration of `observe`. The last
-    field is the policy mode, "faithful" or "jct" (`JctParams()`), the baseline's too.
+    The baseline records the isolated goodputs of every configuration of `observe`. The
+    third field is the tenant-share method, the last the policy ("pollux" or "pollux-jct"),
+    the baseline's too.
     """
-    config_name, path, mode, how, demand, observe, policy_mode = task
+    config_name, path, shares, how, demand, observe, policy = task
     specs = CONFIGS.get(config_name, ())
-    config = replace(spec_for("pollux", "faithful").config, tenants=specs)
+    config = replace(spec_for(policy).config, tenants=specs)
     workload = load_workload(path)
     if specs:
         workload = _labelled(path, specs, how, demand)
@@ -188,7 +142,7 @@ def simulate_one(
         labelled = _labelled(path, CONFIGS[name], how, demand)
         observed[name] = (CONFIGS[name], {job.name: job.tenant for job in labelled})
     apps = load_published_applications(default_data_root() / "traces")
-    recorder = Recorder(mode, observed, JctParams() if policy_mode == "jct" else None)
+    recorder = Recorder(PolicySpec(policy, tenant_shares=shares), observed)
     result = simulate(workload, apps, recorder, config)
     return config_name, path.stem, result.jcts, recorder.rounds
 
@@ -329,7 +283,7 @@ def _labelled(
     """The workload's jobs given to the tenants, in equal numbers or in proportion to E_t."""
     shares = None
     if demand == "entitled":
-        cluster = spec_for("pollux", "faithful").config
+        cluster = spec_for("pollux").config
         shares = _entitled(specs, cluster.nodes * cluster.gpus_per_node).tolist()
     return assign_tenants(load_workload(path), [t.name for t in specs], how, shares)
 
@@ -344,15 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=Path, help="report saved results instead of simulating")
     parser.add_argument(
         "--shares",
-        choices=[m.value for m in TenantShares],
-        default=PolluxParams().tenant_shares.value,
-        help="how the policy gives tenants their shares (PolluxParams.tenant_shares)",
+        choices=TENANT_SHARES,
+        default=TENANT_SHARES[0],
+        help="how the policy gives tenants their shares (scheduling.tenant_shares)",
     )
     parser.add_argument(
-        "--mode",
-        choices=["faithful", "jct"],
-        default="faithful",
-        help="the Pollux policy's mode, for the tenants and the single-tenant baseline alike",
+        "--policy",
+        choices=["pollux", "pollux-jct"],
+        default="pollux",
+        help="the Pollux policy, for the tenants and the single-tenant baseline alike",
     )
     parser.add_argument(
         "--assign",
@@ -378,12 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in CONFIGS]
         if unknown:
             parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGS)}")
-    mode = TenantShares(args.shares)
     how: Assign = args.assign
     demand: Demand = args.demand
     observe = tuple(names)
     tasks = [
-        (name, path, mode, how, demand, observe, args.mode)
+        (name, path, args.shares, how, demand, observe, args.policy)
         for name in ["", *names]
         for path in workloads
     ]
@@ -411,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         rows = [[c, stem, jcts, rounds] for (c, stem), (jcts, rounds) in results.items()]
         args.save.write_text(json.dumps(rows, separators=(",", ":")))
-    cluster = spec_for("pollux", "faithful").config
+    cluster = spec_for("pollux").config
     gpus = cluster.nodes * cluster.gpus_per_node
     print(
-        f"load {args.load}x, {args.mode} mode, tenant shares by {mode.value}, "
+        f"load {args.load}x, policy {args.policy}, tenant shares by {args.shares}, "
         f"jobs to tenants by {how}, {demand} demand, "
         f"workloads: {', '.join(p.stem for p in workloads)}"
     )

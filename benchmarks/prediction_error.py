@@ -1,19 +1,17 @@
 """Completion-time predictions on the simulator: predicted at submission vs actual JCT.
 
-Each published workload runs in the simulator under Pollux (`--mode faithful` or `jct`). When
-a job first appears in a round, the cluster is forecast forward from that round's state with
-the same policy (`pollux.policy.forecast`), as `pollux-cli estimate` does live: the new job
-has no model of its own yet, so it borrows the latest fitted model of an earlier job of the
-same application (the job name's prefix: a team re-running a model), and declares its true
-size (the simulator's remaining work). Jobs whose application has no model yet get no
-prediction and are counted apart. The error of a job is |predicted JCT − actual| / actual.
+Each published workload runs in the simulator under Pollux (`--policy pollux` or
+`pollux-jct`). When a job first appears in a round, the cluster is forecast forward from that
+round's state with the same policy (`pollux.policy.forecast`), as `pollux-cli estimate` does
+live: the new job borrows the latest fitted model of an earlier job of its application and
+declares its true size. Jobs whose application has no model yet get no prediction and are
+counted apart. The error of a job is |predicted JCT − actual| / actual. Forecast rounds are
+coarser than the simulator's (300 s by default) to bound the cost; future arrivals are unknown
+to the forecast, so on a busy cluster predictions run early (the signed median says by how
+much).
 
-    python benchmarks/prediction_error.py [--mode jct] [--load 1.0] [--workloads 1,2]
+    python benchmarks/prediction_error.py [--policy pollux-jct] [--load 1.0] [--workloads 1,2]
         [--forecast-round 300] [--processes 2]
-
-Forecast rounds are coarser than the simulator's 60 s (300 s by default) to bound the cost: a
-forecast round is one policy call. Future arrivals are unknown to the forecast, so on a busy
-cluster predictions run early; the signed median says by how much.
 """
 
 from __future__ import annotations
@@ -27,26 +25,26 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.wrapped import WrappedPolicy
 from pollux.goodput import GoodputModel
 from pollux.policy.forecast import forecast
-from pollux.policy.types import AllocationDecision, ClusterState, Policy
+from pollux.policy.registry import make_policy
+from pollux.policy.types import AllocationDecision, ClusterState, M, Policy
 from pollux.sim.application import load_published_applications
-from pollux.sim.runner import make_policy
+from pollux.sim.runner import spec_for
 from pollux.sim.simulator import simulate
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import load_workload
 
 
-class Predicting:
+class Predicting(WrappedPolicy[M]):
     """The simulator's policy, forecasting each job's completion at its first round."""
 
     def __init__(
-        self, inner: Policy, *, round_s: float, restart_delay_s: float, max_replicas: int
+        self, inner: Policy[M], *, round_s: float, restart_delay_s: float, max_replicas: int
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.max_replicas = max_replicas
-        self.name = inner.name  # the simulator picks the job mode by the policy's name
-        self.exploration = inner.exploration  # and how far its jobs explore
         self.round_s = round_s
         self.restart_delay_s = restart_delay_s
         self.models: dict[str, GoodputModel] = {}
@@ -56,8 +54,8 @@ class Predicting:
         self.forecast_seconds = 0.0
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: M | None, rng: np.random.Generator
+    ) -> AllocationDecision[M]:
         """Forecast each job new this round, then the wrapped policy's round."""
         for job in state.jobs:
             if job.model is not None:
@@ -110,9 +108,10 @@ class Outcome:
 
 
 def run_workload(args: tuple[Path, str, float]) -> Outcome:
-    path, mode, round_s = args
+    path, policy_name, round_s = args
     started = time.perf_counter()
-    policy, config = make_policy("pollux", mode)
+    spec = spec_for(policy_name)
+    policy, config = make_policy(spec.policy), spec.config
     predicting = Predicting(
         policy,
         round_s=round_s,
@@ -136,7 +135,7 @@ def run_workload(args: tuple[Path, str, float]) -> Outcome:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", default="faithful", choices=("faithful", "jct"))
+    parser.add_argument("--policy", default="pollux", choices=("pollux", "pollux-jct"))
     parser.add_argument("--load", default="1.0", choices=("0.5", "1.0", "1.5"))
     parser.add_argument("--workloads", default="", help="e.g. 1,2 (default: all eight)")
     parser.add_argument("--forecast-round", type=float, default=300.0, help="seconds")
@@ -151,12 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"no workloads under {folder}", file=sys.stderr)
         return 2
-    tasks = [(p, args.mode, args.forecast_round) for p in paths]
+    tasks = [(p, args.policy, args.forecast_round) for p in paths]
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
         outcomes = pool.map(run_workload, tasks)
     errors = np.array([e for o in outcomes for e in o.errors])
-    print(f"mode {args.mode}, load {args.load}x, forecast rounds {args.forecast_round:g} s")
+    print(f"policy {args.policy}, load {args.load}x, forecast rounds {args.forecast_round:g} s")
     print(f"{'workload':<12} {'jobs':>5} {'predicted':>9} {'median |err|':>12} {'p90 |err|':>9}")
     for o in outcomes:
         err = np.abs(o.errors) if o.errors else np.array([np.nan])

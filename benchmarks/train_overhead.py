@@ -154,11 +154,10 @@ class PolluxLoop:
             env=env,
             batch_source=pt.FixedBatchConfig(pt.BatchConfig(case.local_bsz, case.accum_steps)),
             metrics_sink=self.sink,
-            report_interval_s=1.0,
-            checkpointing=False,
-            handle_sigterm=False,
             device=device,
-            stats_interval=args.stats_interval,
+            checkpoint=pt.CheckpointConfig(enabled=False),
+            measure=pt.MeasureConfig(stats_interval=args.stats_interval, report_interval_s=1.0),
+            control=pt.ControlConfig(handle_sigterm=False),
         )
         self.batches = self._forever()
 

@@ -179,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         init_batch_size=args.batch_size,
         batch_source=source,
         scaling_rule=args.scaling_rule,
-        checkpoint_dir=args.checkpoint_dir,
-        seed=args.seed,
-        num_workers=args.workers,
+        checkpoint=pt.CheckpointConfig(directory=args.checkpoint_dir),
+        data=pt.DataConfig(seed=args.seed, num_workers=args.workers),
     )
     audit = Audit(args.audit_dir, env.allocation_gen, env.rank, env.world_size)
     fixed_ms, per_sample_ms = args.emulate_ms

@@ -1,27 +1,14 @@
 """Predicted completion times: the cluster simulated forward with the policy's own rounds.
 
-A job's time left on its current GPUs (declared remaining work ÷ predicted goodput) ignores
-that other jobs finish and free GPUs, and that the policy then re-allocates. `forecast` plays
-the rounds forward instead, from one `ClusterState`, with the same policy code the scheduler
-runs: each round it asks the policy for allocations, charges every job whose GPUs changed its
-restart pause, advances every job by the goodput its model predicts on its allocation (at the
-batch size it would choose there), and removes the jobs that finish. No future arrivals are
-assumed (none are known), so a busy cluster's predictions are optimistic by the work that
-will arrive meanwhile.
-
-Units: remaining work in M0-steps (`JobInfo.remaining_work`), goodput in M0-equivalent
-samples per second, so a job advances ``goodput / M0`` M0-steps per second.
-
-Jobs explore as they do live: a job may be given up to the policy's exploration growth times
-the replicas it has run on (`pollux.policy.exploration`, which `JobInfo.max_replicas`
-carries), so as the forecast gives it more its
-limit grows, up to its hard cap (`caps`: the spec's max_replicas), the cluster and its batch
-limits. Without that, a job new to the cluster would stay on its first GPU for the whole
-forecast.
-
-Only jobs that declare their size and have a goodput model get a prediction; the others
-still hold and take GPUs in the forecast (the policy treats them as it does live) but never
-finish in it. Plain functions over the policy's dataclasses, no I/O.
+A job's time left on its current GPUs ignores that other jobs finish and free GPUs, and that
+the policy then re-allocates. `forecast` plays the rounds forward from one `ClusterState`
+with the policy the scheduler runs: each round it asks the policy for allocations, charges
+every moved job its restart pause, advances every job by the goodput its model predicts
+(``goodput / M0`` M0-steps per second, at the batch it would choose) and removes the jobs
+that finish. No future arrivals are assumed, so a busy cluster's predictions are optimistic.
+A job's replica limit grows as the policy's `replica_limit` lets it, up to its hard cap
+(`caps`), the cluster and its batch limits. Only jobs that declare their size and have a
+goodput model get a prediction; the others still hold and take GPUs but never finish.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ import numpy as np
 
 from pollux.goodput import best_batch
 from pollux.policy.jct import has_held_gpus, resize_history
-from pollux.policy.types import Allocation, ClusterState, JobInfo, Policy
+from pollux.policy.types import Allocation, ClusterState, JobInfo, M, Policy
 
 HORIZON_S = 14 * 86400.0
 """How far ahead a forecast looks: a job not done by then gets no prediction."""
@@ -66,7 +53,7 @@ def progress_rate(job: JobInfo, allocation: Allocation) -> float:
 
 def forecast(
     state: ClusterState,
-    policy: Policy,
+    policy: Policy[M],
     *,
     round_s: float,
     restart_delay_s: float,
@@ -97,7 +84,7 @@ def forecast(
     total = sum(node.gpus for node in state.nodes)
     jobs = list(state.jobs)
     now, end = state.now, state.now + horizon_s
-    memory: object | None = None
+    memory: M | None = None
     completion: dict[str, float] = {}
     rounds = 0
     while rounds < max_rounds and now < end and any(_predictable(j) for j in jobs):
@@ -120,8 +107,8 @@ def forecast(
                     completion[job.name] = now + pause + remaining / rate
                     continue
                 remaining -= rate * run
-            measured = policy.exploration.limit(len(allocation), 0)
-            explored = max(job.max_replicas, min(measured, _limit(job, total, caps)))
+            grown = policy.replica_limit(len(allocation), 0, _limit(job, total, caps))
+            explored = max(job.max_replicas, grown)
             after = replace(
                 job,
                 allocation=allocation,

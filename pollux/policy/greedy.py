@@ -11,10 +11,8 @@ Three phases over a `Problem`:
 3. **Fill.** GPUs left idle by fragmentation go to the growth moves with the best exact gain.
 
 Every phase is deterministic: ties go to the earlier job and node in the snapshot's order.
-
-With tenants (`tenants.Quota`), every phase also keeps each tenant within its GPU budget: a
-jump, growth or trade that would take a tenant past it is not considered. Without them
-(`quota=None`) no phase checks anything more than before.
+With tenants (`quota.Quota`), every phase also keeps each tenant within its GPU budget: a
+jump, growth or trade that would take a tenant past it is not considered.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pollux.policy.problem import Problem
-from pollux.policy.tenants import Quota
+from pollux.policy.quota import Quota
 from pollux.policy.valuation import utility
 
 FloatArray = npt.NDArray[np.float64]

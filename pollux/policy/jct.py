@@ -1,74 +1,13 @@
-"""The "jct" mode of the Pollux policy: lower mean JCT from each job's declared remaining work.
+"""The jct mode of the Pollux policy: lower mean JCT from each job's declared remaining work.
 
-Faithful Pollux maximises the power mean (p = -1) of the jobs' speedups over their fair
-shares, every job alike, and ignores how much work each job has left, although training jobs
-declare it. This mode keeps Pollux's goodput models, speedup tables and optimiser and changes
-three inputs of its `Problem`, and lets a job grow 4-fold a round instead of 2-fold
-(`pollux.policy.exploration`, the one chosen setting; it says how), starting from nothing: a
-new job may start on 4 GPUs, where Pollux starts it on one and pays a restart to grow it.
-Every constant below is derived, none is fitted.
-
-**Objective: weighted proportional fairness, p = 0.** Mean JCT is total flow time
-F = ∫ (jobs in the system) dt. Written as a Lagrangian over the phases between completions
-(the heSRPT analysis, Berg et al. 2019), the optimum with known sizes maximises, at every
-moment, Σ_j μ_j g_j(k_j), with μ_j = ∂F/∂(work of j) the flow time one more unit of j's work
-costs; jobs complete in order of remaining time. We maximise Σ_j w_j log g_j(k_j) instead:
-its marginal w_j g'/g equals the linear one's at the reference allocation when w_j = μ_j g_j,
-the speedup normalisation drops out (log x = log g − log g_ref), and since log g → −∞ as a
-job loses its last GPU, no job is starved while there are GPUs for every job (the starvation
-bound; faithful Pollux's p = -1 has the same property). For power-law speedups g ∝ k^q
-this objective gives job j the share w_j / Σ w of the GPUs, whatever q is.
-
-**Weights: heSRPT's, for square-root speedups.** Let n_j be the number of active jobs whose
-remaining time is at least j's, j included (the smallest of m jobs has n = m, the largest
-n = 1). heSRPT's optimal share for speedup k^q is θ_j ∝ n_j^c − (n_j − 1)^c, c = 1/(1 − q);
-with the shares ∝ w of the objective above, w_j = n_j^c − (n_j − 1)^c reproduces it exactly.
-We take q = 1/2, i.e. w_j = 2 n_j − 1: goodput grows as k^(1/2) when the total batch sits at
-the gradient noise scale φ (efficiency (φ + M0)/(φ + M), throughput ∝ M, so
-d log goodput / d log M = φ/(φ + M) = 1/2 at M = φ; McCandlish et al. 2018's critical batch
-size), which is where Pollux's goodput-maximising batch puts a job that still scales. Weights
-lie in [1, 2m − 1]. Remaining times are compared at each job's fair share (declared remaining
-work × M0 ÷ goodput on 1/m of the cluster), the allocation speedups are normalised to.
-
-**Restart factor: a re-allocation must pay for itself while it lasts.** A job re-allocated
-now loses its restart pause δ_j (its own measurement when it reports one, else
-`PolluxParams.restart_delay`); the new allocation helps only for as long as it lasts, H_j,
-so the job runs at H/(H + δ) of the new speed over that time. H is the shorter of the job's
-remaining time (after that it is gone) and its measured mean holding time so far,
-age / (restarts + 1) (the time its allocations have lasted on average). Using the remaining
-time alone (the natural first guess: "gain × remaining time > restart cost") overrates every
-move of a long job, whose allocation is changed again long before it finishes (measured on
-the eight published 1.0x workloads: 7.3 restarts per job and mean JCT 2528 s, against 4.5
-and 2452 s with the holding time; benchmarks/beyond_pollux.py). Faithful Pollux's factor
-(age − restarts·δ)/(age + δ) is close to the holding-time one; ours adds the remaining time,
-so a job about to finish is not moved, and each job's own δ. The "expected" rule
-(`expected_factor`) takes the mean of L/(L + δ) over the lifetime's law instead of its value
-at the mean lifetime: lifetimes are skewed and the factor is concave in L, so it prices moves
-higher (fewer restarts), and applied to every job it slows the growth of a job learning its
-scaling. The mode's rule, "ramp", applies it only once a job has shrunk or undone a move
-(`ramping`): while a job has only grown, 4 → 16 → 64 GPUs as it measures its scaling
-(`pollux.policy.exploration`), its next move is another growth, not the return of these GPUs,
-so the gain of a move outlasts the allocation it makes and the holding time is the fairer
-horizon. A job whose GPUs come and go with arrivals and departures is priced by the
-expectation.
-
-**A move is priced with the move that undoes it.** A job grown into GPUs a departure freed
-gives them back at the next arrival that needs them; a job shrunk for an arrival grows again
-at the next departure. The second restart is caused by the first: had the job not moved, the
-next event would not have had to move it back. So a move costs its own pause plus, with the
-probability p_j that it will be undone, the pause of its reversal: δ_j (1 + p_j). p_j is the
-job's own record, the share of its resizes that reversed the one before, with the uniform
-prior (Laplace's rule: p = (reversals + 1) / (pairs + 2), ½ for a job with no record). So a
-long run that absorbs spare GPUs at each departure and returns them at the next arrival (on
-the published workloads, the 5 % of jobs that restart most carry over a third of all
-restarts) pays nearly two pauses a move, and a job that only grows while it learns its
-scaling pays nearly one. A job's first allocation has nothing to undo and pays one pause.
-
-**Jobs that declare nothing** (or have no goodput model yet, so that their remaining time is
-unknown) rank behind any other with probability ½: they count as half a job behind every
-declared one, and get the mean weight over ranks, (1/m) Σ_i (i^c − (i − 1)^c) = m^(c−1)
-(= m); their restart horizon is the holding time alone. When no job declares a size, every
-weight is equal.
+It keeps Pollux's goodput models, speedup tables and optimiser and changes three inputs of
+its `Problem` (`inputs`): the objective is weighted proportional fairness (p = 0) with heSRPT
+weights from each job's remaining-time rank (`hesrpt_weights`, a factor of the job weights,
+`pollux.policy.weights`); a re-allocation must pay for its restart pause while it lasts
+(`restart_penalties`), priced with the move that would undo it (`reversal_odds`); and a job
+may grow 4-fold a round, starting on up to 4 GPUs (`JctParams.exploration`). Every constant is
+derived, none fitted: docs/policy.md ("The jct mode") has the derivation, docs/results.md
+("The jct mode") the measurements and their commands.
 """
 
 from __future__ import annotations
@@ -93,11 +32,15 @@ RestartRule = Literal["holding", "age", "remaining", "expected", "ramp"]
 
 @dataclass(frozen=True, slots=True)
 class JctParams:
-    """The jct mode's settings; the defaults are the mode (the others are for ablations).
+    """The jct mode's settings; the defaults are the mode.
+
+    Only `restart` in "ramp", "holding" or "expected" is a supported setting (the
+    scheduler's `jct_restart`); every other non-default value is an ablation that
+    benchmarks/beyond_pollux.py alone selects.
 
     Attributes:
-        p: Exponent of the power mean the mode maximises (0: weighted proportional fairness;
-            see the module docstring). It replaces `PolluxParams.p`.
+        p: Exponent of the power mean the mode maximises (0: weighted proportional
+            fairness). It replaces `PolluxParams.p`.
         speedup_exponent: q of the power-law speedup the heSRPT weights assume, in [0, 1):
             1/2, goodput's elasticity at the gradient noise scale.
         rank_weights: Weigh each job by its remaining-time rank (False: all alike).
@@ -110,12 +53,11 @@ class JctParams:
             Pollux's age rule, with each job's own δ) or "remaining" (the remaining time
             alone).
         reversals: Price a move at δ (1 + p), p the job's odds of undoing it
-            (`reversal_odds`; the module docstring says why); False: at δ.
+            (`reversal_odds`); False: at δ.
         explore_growth: How many times its largest measured size a job may be given in one
             round (`pollux.policy.exploration`; faithful Pollux: 2).
         explore_first: Let a job that has measured nothing start on up to `explore_growth`
-            GPUs, as far as a job measured on one may grow (`pollux.policy.exploration` says
-            why); False: on one, as Pollux.
+            GPUs, as far as a job measured on one may grow; False: on one, as Pollux.
 
     Raises:
         PolicyInputError: A field is out of range.
@@ -300,7 +242,12 @@ def restart_penalties(
 
 
 def inputs(problem: Problem, params: JctParams) -> JctInputs:
-    """The jct mode's remaining times, pauses, ranks, weights and restart factors."""
+    """The jct mode's remaining times, pauses, ranks, weights and restart factors.
+
+    `problem` must have been built with ``params.p`` (`PolluxPolicy` does so); its weights
+    and penalties are not read. The weights are the remaining-work factor of the job
+    weights (`pollux.policy.weights.WeightFactors.remaining_work`).
+    """
     remaining = remaining_seconds(problem)
     pause = pauses(problem)
     rank = ranks(remaining)
@@ -311,24 +258,6 @@ def inputs(problem: Problem, params: JctParams) -> JctInputs:
     weight = weight / float(weight.max(initial=1.0))
     penalty = restart_penalties(problem, remaining, pause, params.restart, params.reversals)
     return JctInputs(remaining, pause, rank, weight, penalty)
-
-
-def apply(problem: Problem, params: JctParams) -> JctInputs:
-    """Set `problem.penalty` and `problem.weight` for the jct mode; returns what it used.
-
-    `problem` must have been built with ``params.p`` (`PolluxPolicy` does so).
-    """
-    derived = inputs(problem, params)
-    problem.penalty = derived.penalty
-    problem.weight = derived.weight
-    return derived
-
-
-def combine(existing: FloatArray | None, weight: FloatArray) -> FloatArray:
-    """Another weighting (a tenant's) times the jct weights, scaled to a largest of 1."""
-    out = weight if existing is None else existing * weight
-    top = float(out.max(initial=0.0))
-    return out / top if top > 0 else out
 
 
 def _scaled_exp1(x: float) -> float:

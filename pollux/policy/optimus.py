@@ -1,11 +1,8 @@
-"""Optimus+Oracle, the baseline that sizes jobs by marginal gain in remaining time (reference §6.1).
+"""Optimus+Oracle, the baseline that sizes jobs by marginal gain in remaining time (ref. §6.1).
 
-Pollux is compared against Optimus given an oracle: each job's true step time at every replica
-count and its true remaining iterations, instead of fitted models. The batch size stays fixed;
-only GPU counts adapt. Implementing it behind the same `Policy` protocol as Pollux lets the
-simulator and the scheduler service run the published comparison unchanged.
-
-The round has two phases:
+Each job's true step time at every replica count and its true remaining iterations (in the
+simulator; live, predicted from its fitted model) stand in for fitted models. The batch size
+stays fixed; only GPU counts adapt. The round has two phases:
 
 1. **Counts.** Every job, in submission order, gets one GPU while any remain; then, one GPU at
    a time, the job whose estimated remaining time drops most, (T(K) − T(K+1)) × remaining, gets
@@ -37,6 +34,7 @@ from pollux.policy.types import (
     ClusterState,
     JobExplain,
     JobInfo,
+    JobSizing,
     OracleInfo,
     PolicyInputError,
 )
@@ -54,17 +52,45 @@ class OptimusPolicy:
 
     @property
     def name(self) -> str:
-        """Short name of the policy."""
+        """The registry name."""
         return "optimus"
 
     @property
+    def sizing(self) -> JobSizing:
+        """GPU counts adapt; each job keeps its own batch size."""
+        return JobSizing.FIXED_BATCH
+
+    @property
     def exploration(self) -> Exploration:
-        """Pollux's rule (this policy's jobs do not explore: their sizes are fixed)."""
+        """Pollux's rule: live, step times come from a model fitted on what a job has run."""
         return FAITHFUL
 
+    @property
+    def needs_oracle(self) -> bool:
+        """Every job carries its step times and remaining iterations (`OracleInfo`)."""
+        return True
+
+    @property
+    def objective_text(self) -> str:
+        """Empty: it trades GPUs by remaining time, not by speedup (Explain shows none)."""
+        return ""
+
+    @property
+    def explain_params(self) -> None:
+        """None: Explain evaluates speedups with Pollux's default parameters."""
+        return None
+
+    def replica_limit(self, profiled: int, held: int, cap: int) -> int:
+        """The exploration limit within `cap`: a predicted oracle is trusted that far only.
+
+        In the simulator the oracle is the truth and jobs are bounded by their batch alone;
+        live it is predicted from the job's fitted model, as far as it has measured.
+        """
+        return max(1, min(cap, self.exploration.limit(profiled, held)))
+
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: None, rng: np.random.Generator
+    ) -> AllocationDecision[None]:
         """Choose every job's allocation for this round.
 
         Raises:

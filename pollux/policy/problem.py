@@ -1,14 +1,17 @@
 """One Pollux scheduling round as arrays: jobs × nodes, speedups, penalties, utilities.
 
-`Problem` is what every Pollux optimiser works on (the greedy solver in `greedy.py`, the
-published NSGA-II in `nsga2.py`), so that they differ only in how they search.
+`Problem` is what a Pollux optimiser searches (the greedy solver in `greedy.py`; the
+published NSGA-II in benchmarks/nsga2.py). It is immutable: the policy builds it once from
+the round's state and derives a re-weighted one (`weighted`) from it, never changing it in
+place; its arrays are read-only. Job weights are the product of named factors
+(`pollux.policy.weights`).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +24,7 @@ from pollux.policy.types import (
 )
 from pollux.policy.valuation import (
     Normalisation,
+    Speedups,
     fair_share,
     power_mean,
     restart_factor,
@@ -30,32 +34,6 @@ from pollux.policy.valuation import (
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-class TenantShares(enum.Enum):
-    """How the policy gives busy tenants their goodput shares (`tenants.py`).
-
-    Attributes:
-        BUDGETS: Two levels: GPU budgets by weighted max-min fairness in goodput, then the
-            per-job search within them.
-        WEIGHTS: One level: each job's utility is weighted by its tenant's entitlement per
-            job, so the power mean itself splits goodput by entitlement; budgets only
-            enforce guarantees and caps.
-        DEFICITS: Fairness over time: each job weighs as in single-pool Pollux, tilted by
-            the goodput its tenant is owed (`tenants.Ledger`, carried in the decision's
-            memory); per-round deviations that help JCT are allowed and repaid later. Budgets
-            as in WEIGHTS.
-        ISOLATION: The sharing incentive: single-pool Pollux, with each tenant reserved the
-            GPUs on which it reaches 90 % of the goodput its jobs would get alone on its
-            entitled GPUs (`tenants.insure`); a tenant whose mean goodput share is more than
-            10 % off its entitlement is owed the excess, repaid as in DEFICITS
-            (`tenants.TOLERANCE`).
-    """
-
-    BUDGETS = "budgets"
-    WEIGHTS = "weights"
-    DEFICITS = "deficits"
-    ISOLATION = "isolation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +48,6 @@ class PolluxParams:
         interference_avoidance: At most one distributed job per node.
         max_nodes_per_job: Most nodes one job may span (the artifact uses 16); None: no cap.
         epsilon: Offset added to scaled speedups so a job without GPUs weighs 1/epsilon.
-        tenant_shares: How busy tenants get their goodput shares (only with tenants).
     """
 
     p: float = -1.0
@@ -79,7 +56,6 @@ class PolluxParams:
     interference_avoidance: bool = True
     max_nodes_per_job: int | None = 16
     epsilon: float = 1e-3
-    tenant_shares: TenantShares = TenantShares.ISOLATION
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.p):
@@ -93,33 +69,83 @@ class PolluxParams:
 
 
 class Problem:
-    """One round's optimisation problem as arrays: jobs × nodes, speedups, penalties."""
+    """One round's optimisation problem as arrays: jobs × nodes, speedups, penalties.
+
+    Attributes (read-only, as every other one):
+        penalty: Each job's restart factor, in [0, 1] (faithful Pollux's, unless `weighted`
+            replaced it).
+        weight: Each job's utility weight (`pollux.policy.weights`); None: every job alike.
+    """
+
+    __slots__ = (
+        "capacity",
+        "current",
+        "current_k",
+        "current_spans",
+        "every_job",
+        "gpus_per_node",
+        "max_k",
+        "max_nodes",
+        "min_k",
+        "node_names",
+        "num_jobs",
+        "params",
+        "penalty",
+        "scale",
+        "speedup",
+        "speedups",
+        "state",
+        "total_gpus",
+        "weight",
+    )
+
+    state: ClusterState
+    params: PolluxParams
+    node_names: list[str]
+    capacity: IntArray
+    num_jobs: int
+    total_gpus: int
+    gpus_per_node: int
+    max_nodes: int
+    current: IntArray
+    max_k: IntArray
+    min_k: IntArray
+    penalty: FloatArray
+    scale: float
+    current_k: IntArray
+    current_spans: IntArray
+    speedups: Speedups
+    speedup: Any
+    every_job: IntArray
+    weight: FloatArray | None
 
     def __init__(self, state: ClusterState, params: PolluxParams) -> None:
-        self.state = state
-        self.params = params
-        self.node_names = [n.name for n in state.nodes]
+        init = _Init(self)
+        init.state = state
+        init.params = params
+        init.node_names = [n.name for n in state.nodes]
         index = {name: i for i, name in enumerate(self.node_names)}
-        self.capacity = np.array([n.gpus for n in state.nodes], dtype=np.int64)
-        self.num_jobs = len(state.jobs)
-        self.total_gpus = int(self.capacity.sum())
-        self.gpus_per_node = int(self.capacity.max()) if self.capacity.size else 0
+        init.capacity = np.array([n.gpus for n in state.nodes], dtype=np.int64)
+        init.num_jobs = len(state.jobs)
+        init.total_gpus = int(self.capacity.sum())
+        init.gpus_per_node = int(self.capacity.max()) if self.capacity.size else 0
         node_cap = params.max_nodes_per_job or len(self.node_names)
-        self.max_nodes = max(1, min(node_cap, len(self.node_names)))
+        init.max_nodes = max(1, min(node_cap, len(self.node_names)))
 
-        self.current = np.zeros((self.num_jobs, len(self.node_names)), dtype=np.int64)
+        current = np.zeros((self.num_jobs, len(self.node_names)), dtype=np.int64)
         for j, job in enumerate(state.jobs):
             for name in job.allocation:
-                self.current[j, index[name]] += 1
-        self.max_k = np.array(
+                current[j, index[name]] += 1
+        init.current = current
+        init.max_k = np.array(
             [
                 min(job.max_replicas, self.total_gpus, self.max_nodes * self.gpus_per_node)
                 for job in state.jobs
             ],
             dtype=np.int64,
         )
-        self.min_k = np.array([job.min_replicas for job in state.jobs], dtype=np.int64)
-        self.penalty = np.array(
+        init.min_k = np.array([job.min_replicas for job in state.jobs], dtype=np.int64)
+        init.penalty = np.array(
             [
                 restart_factor(state.now - job.submission_time, job.restarts, params.restart_delay)
                 for job in state.jobs
@@ -128,22 +154,40 @@ class Problem:
         if params.normalisation is Normalisation.FAIR_SHARE:
             base = fair_share(self.num_jobs, len(self.node_names), self.total_gpus)
             # Artifact: a dominant share equal to one node's worth gives speedup 1.
-            self.scale = len(self.node_names) / max(self.total_gpus, 1)
+            init.scale = len(self.node_names) / max(self.total_gpus, 1)
         else:
-            base, self.scale = (1, 1), 1.0
-        self.current_k = self.current.sum(axis=1)
-        self.current_spans = np.count_nonzero(self.current, axis=1)
-        self.speedups = speedups_for(
+            base, init.scale = (1, 1), 1.0
+        init.current_k = current.sum(axis=1)
+        init.current_spans = np.count_nonzero(current, axis=1)
+        init.speedups = speedups_for(
             state.jobs,
             base_nodes=base[0],
             base_replicas=base[1],
             max_nodes=self.max_nodes,
             consolidate=self.consolidated_nodes,
         )
-        self.speedup = self.speedups.jobs
-        self.every_job = np.arange(self.num_jobs)
-        # Per-job factor on the utility (tenants' WEIGHTS mode); None: every job alike.
-        self.weight: FloatArray | None = None
+        init.speedup = self.speedups.jobs
+        init.every_job = np.arange(self.num_jobs)
+        init.weight = None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Problem is immutable: derive one with weighted(), not .{name} =")
+
+    def weighted(
+        self, *, weight: FloatArray | None = None, penalty: FloatArray | None = None
+    ) -> Problem:
+        """This problem with job weights `weight` and, if given, restart factors `penalty`.
+
+        The speedup tables are shared, not rebuilt: only the valuation changes.
+        """
+        out = object.__new__(Problem)
+        for name in Problem.__slots__:
+            object.__setattr__(out, name, getattr(self, name))
+        init = _Init(out)
+        init.weight = weight
+        if penalty is not None:
+            init.penalty = penalty
+        return out
 
     # -- valuation -----------------------------------------------------------------------
 
@@ -209,7 +253,7 @@ class Problem:
 
     # -- result --------------------------------------------------------------------------
 
-    def decision(self, placed: IntArray) -> AllocationDecision:
+    def decision(self, placed: IntArray) -> AllocationDecision[Any]:
         """Turn the final jobs × nodes matrix into allocations and explanations."""
         allocations, explain, xs = {}, {}, []
         replicas = placed.sum(axis=1)
@@ -251,6 +295,21 @@ class Problem:
         else:
             reason = f"re-placed: {_count(k_new, 'GPU')} now on {_count(n_new, 'node')}"
         return reason
+
+
+class _Init:
+    """Sets a `Problem`'s attributes while it is built (and makes each array read-only)."""
+
+    __slots__ = ("_target",)
+    _target: Problem
+
+    def __init__(self, target: Problem) -> None:
+        object.__setattr__(self, "_target", target)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        object.__setattr__(self._target, name, value)
 
 
 def _count(n: int, noun: str) -> str:

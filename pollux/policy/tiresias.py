@@ -1,21 +1,15 @@
 """Tiresias, the baseline that runs fixed-size jobs by least attained service (reference §6.2).
 
-Pollux is compared against Tiresias's discretised two-dimensional least-attained-service
-scheduler (2D-LAS): jobs keep the GPU count and batch size their users chose, and priority
-falls once a job has used a fixed amount of GPU time. Implementing it behind the same `Policy`
-protocol as Pollux lets the simulator and the scheduler service run the published comparison
-unchanged. The queues are state that outlives a round, so they travel in `TiresiasMemory`.
-
-A round, at event time `state.now`:
+Discretised two-dimensional least-attained-service (2D-LAS): jobs keep the GPU count and batch
+size their users chose, and priority falls once a job has used a fixed amount of GPU time.
+The queues outlive a round, so they travel in `TiresiasMemory`. A round, at `state.now`:
 
 1. Forget finished jobs; new jobs join the end of queue 0, pending.
 2. Running jobs accrue executed time; a queue-0 job that has used `queue_threshold`
-   GPU-seconds moves to the end of queue 1.
-3. (Starvation promotion back to queue 0 is off in the published configuration, so it is not
-   implemented.)
-4. Walk queue 0 then queue 1 counting free GPUs over the whole cluster: a job that fits runs,
+   GPU-seconds moves to the end of queue 1 (starvation promotion is off, as published).
+3. Walk queue 0 then queue 1 counting free GPUs over the whole cluster: a job that fits runs,
    one that does not waits and loses its GPUs; smaller later jobs may backfill.
-5. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
+4. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
 
 Every step is deterministic; the random generator is not needed.
 """
@@ -37,6 +31,7 @@ from pollux.policy.types import (
     ClusterState,
     JobExplain,
     JobInfo,
+    JobSizing,
     PolicyInputError,
 )
 
@@ -113,17 +108,41 @@ class TiresiasPolicy:
 
     @property
     def name(self) -> str:
-        """Short name of the policy."""
+        """The registry name."""
         return "tiresias"
 
     @property
+    def sizing(self) -> JobSizing:
+        """Each job runs at its own GPU count and batch size."""
+        return JobSizing.FIXED
+
+    @property
     def exploration(self) -> Exploration:
-        """Pollux's rule (this policy's jobs do not explore: their sizes are fixed)."""
+        """Pollux's rule (unused: this policy's jobs do not explore, their sizes are fixed)."""
         return FAITHFUL
 
+    @property
+    def needs_oracle(self) -> bool:
+        """Tiresias needs no knowledge of a job beyond its GPU demand."""
+        return False
+
+    @property
+    def objective_text(self) -> str:
+        """Empty: a priority discipline, it optimises no objective."""
+        return ""
+
+    @property
+    def explain_params(self) -> None:
+        """None: Explain evaluates speedups with Pollux's default parameters."""
+        return None
+
+    def replica_limit(self, profiled: int, held: int, cap: int) -> int:
+        """`cap`: a job's size is its own (`JobInfo.target_replicas`), not explored."""
+        return max(1, cap)
+
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: TiresiasMemory | None, rng: np.random.Generator
+    ) -> AllocationDecision[TiresiasMemory]:
         """Choose every job's allocation for this round.
 
         Args:
@@ -132,8 +151,8 @@ class TiresiasPolicy:
             rng: Unused.
 
         Raises:
-            PolicyInputError: The state is invalid, a job has no `target_replicas`, `memory`
-                is not a `TiresiasMemory`, or `state.now` is before the previous round.
+            PolicyInputError: The state is invalid, a job has no `target_replicas`, or
+                `state.now` is before the previous round.
         """
         validate_state(state)
         demands = {job.name: demand(job) for job in state.jobs}
@@ -165,18 +184,14 @@ def demand(job: JobInfo) -> int:
     return job.target_replicas
 
 
-def recall(memory: object | None, now: float) -> TiresiasMemory:
+def recall(memory: TiresiasMemory | None, now: float) -> TiresiasMemory:
     """Last round's memory, or empty queues on the first round.
 
     Raises:
-        PolicyInputError: `memory` is not a `TiresiasMemory`, or `now` precedes it.
+        PolicyInputError: `now` precedes the memory's time.
     """
     if memory is None:
         return TiresiasMemory(queue_0=(), queue_1=(), jobs={}, last_check_time=now)
-    if not isinstance(memory, TiresiasMemory):
-        raise PolicyInputError(
-            "memory", f"expected a TiresiasMemory or None, got {type(memory).__name__}"
-        )
     if now < memory.last_check_time:
         raise PolicyInputError(
             "now", f"{now} is before the previous round's time {memory.last_check_time}"

@@ -5,21 +5,30 @@ and a random generator: no clock, ids or randomness of its own, so that the simu
 scheduler service get the same decision from the same inputs, and a recorded decision can be
 replayed. Allocations name a node per replica; the same node repeated means several replicas
 (GPUs) on it. Tenants (teams with GPU guarantees, weights and caps) are optional: a state
-without them is scheduled exactly as before they existed (`pollux.policy.tenants`).
+without them is scheduled exactly as before they existed (`pollux.policy.tenant_shares`).
+The `Policy` protocol also says what callers need to know of a policy (how its jobs size
+themselves, whether they need an oracle, how far they may grow), so no caller asks its name.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from pollux.goodput import GoodputModel
 from pollux.policy.exploration import Exploration
+
+if TYPE_CHECKING:
+    from pollux.policy.problem import PolluxParams
+
+M = TypeVar("M")
+"""A policy's memory between rounds (its own type: None, a ledger, Tiresias' queues)."""
 
 Allocation = tuple[str, ...]
 """Node name of each replica, replicas of one node adjacent; () means no GPUs."""
@@ -84,7 +93,7 @@ class JobInfo:
         target_batch_size: A fixed total batch size (baselines that do not adapt it).
         oracle: Step times and remaining work (Optimus+Oracle).
         tenant: Name of the tenant (team) the job belongs to; "" or a name no `TenantSpec`
-            defines puts it in the implicit default tenant (`pollux.policy.tenants`).
+            defines puts it in the implicit default tenant (`pollux.policy.tenant_shares`).
         remaining_work: The job's declared remaining work, in the units the training library
             counts progress in: scale-invariant steps at the initial batch size M0 (one step
             on M0 samples = 1; a step on a larger batch counts its AdaScale gain), i.e. its
@@ -126,7 +135,7 @@ class TenantSpec:
 
     Guarantees may add up to more than the cluster's GPUs (a cluster shrinks when nodes fail,
     and a fixed tenant table must not stop scheduling then): they are scaled down in
-    proportion until they fit (`pollux.policy.tenants.entitlements`).
+    proportion until they fit (`pollux.policy.tenant_shares.common.entitlements`).
 
     Attributes:
         name: Unique, non-empty tenant name ("" is the implicit default tenant).
@@ -203,40 +212,85 @@ class JobExplain:
 
 
 @dataclass(frozen=True, slots=True)
-class AllocationDecision:
+class AllocationDecision(Generic[M]):
     """A policy's answer for one round.
 
     Attributes:
         allocations: New allocation of every job in the state (() for none).
         explain: Per-job explanation, same keys as `allocations`.
         objective: The value the policy maximised (policy-specific; NaN if none).
-        memory: Opaque state to pass back next round (e.g. Tiresias queues, a warm start).
+        memory: The policy's own state to pass back next round (Tiresias' queues, the
+            tenants' ledger); None when it keeps none.
     """
 
     allocations: Mapping[str, Allocation]
     explain: Mapping[str, JobExplain]
     objective: float = float("nan")
-    memory: object | None = field(default=None)
+    memory: M | None = field(default=None)
 
 
-class Policy(Protocol):
-    """What the simulator and the scheduler service call each round."""
+class JobSizing(enum.Enum):
+    """How a policy's jobs size themselves (reference §5.2).
+
+    Attributes:
+        ADAPTIVE: Pollux: GPU count from the policy, batch size from the job's goodput model.
+        FIXED_BATCH: Optimus+Oracle: GPU count from the policy, the job's own batch size.
+        FIXED: Tiresias: the job's own GPU count and batch size.
+    """
+
+    ADAPTIVE = "adaptive"
+    FIXED_BATCH = "fixed_batch"
+    FIXED = "fixed"
+
+
+class Policy(Protocol[M]):
+    """What the simulator, the scheduler service and the forecasts call and ask of a policy.
+
+    `M` is the type of the policy's memory between rounds.
+    """
 
     @property
     def name(self) -> str:
-        """Short name: "pollux", "optimus" or "tiresias"."""
+        """The policy's registry name (`pollux.policy.registry.POLICY_NAMES`)."""
+        ...
+
+    @property
+    def sizing(self) -> JobSizing:
+        """How its jobs size themselves (GPU count and batch size)."""
         ...
 
     @property
     def exploration(self) -> Exploration:
-        """How far a job may grow past what it has measured, and start when it has not.
+        """How far a job may grow past what it has measured, and start when it has not."""
+        ...
 
-        It bounds adaptive jobs' `JobInfo.max_replicas` (`pollux.policy.exploration`).
+    @property
+    def needs_oracle(self) -> bool:
+        """Whether each job must carry an `OracleInfo` (step times, remaining work)."""
+        ...
+
+    @property
+    def objective_text(self) -> str:
+        """What the policy maximises when it moves a GPU, in words ("" if it trades none)."""
+        ...
+
+    @property
+    def explain_params(self) -> PolluxParams | None:
+        """The objective's parameters for Explain's counterfactuals (None: the defaults)."""
+        ...
+
+    def replica_limit(self, profiled: int, held: int, cap: int) -> int:
+        """Most replicas a job may be given this round (`JobInfo.max_replicas`), ≥ 1.
+
+        Args:
+            profiled: The most replicas the job has measured a step time on (0: none yet).
+            held: The replicas it holds now.
+            cap: The most its spec, the cluster and its batch limits allow, ≥ 1.
         """
         ...
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: M | None, rng: np.random.Generator
+    ) -> AllocationDecision[M]:
         """Choose every job's allocation for this round."""
         ...

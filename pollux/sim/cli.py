@@ -19,9 +19,10 @@ from pollux.goodput import (
     speedup_table,
     step_times,
 )
+from pollux.policy.registry import POLICY_NAMES
 from pollux.policy.types import TenantSpec
 from pollux.sim.report import ReportError, compare_main
-from pollux.sim.runner import MODES, POLICIES, run, spec_for, stderr_progress
+from pollux.sim.runner import run, spec_for, stderr_progress
 from pollux.sim.simulator import EVENT_ROUNDS
 from pollux.sim.traces import (
     ApplicationTrace,
@@ -70,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "per workload with a record per scheduling round.",
     )
     run.add_argument("workload", type=Path, help="a workload CSV or a folder of them")
-    run.add_argument("--policy", choices=POLICIES, default="pollux")
     run.add_argument(
-        "--mode",
-        choices=MODES,
-        default="faithful",
-        help="faithful: the published configuration; jct (pollux only): weigh jobs by "
-        "their declared remaining work to lower mean JCT",
+        "--policy",
+        choices=POLICY_NAMES,
+        default="pollux",
+        help="pollux (default): Pollux as published; pollux-jct: the live default, jobs "
+        "weighted by their declared remaining work to lower mean JCT; optimus, tiresias: the "
+        "paper's baselines (docs/configuration.md)",
     )
     run.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
     run.add_argument(
@@ -171,7 +172,6 @@ def parse_tenant(text: str) -> TenantSpec:
 def _run(args: argparse.Namespace) -> int:
     spec = spec_for(
         args.policy,
-        args.mode,
         interval=args.interval,
         event_delay=args.event_delay,
         event_rounds=args.event_rounds,

@@ -4,13 +4,11 @@ A reimplementation is only credible if it reproduces the paper, so `pollux-sim c
 directories (written by `pollux-sim run`) into the figures the paper reports: average and p99 job
 completion time (JCT), makespan, restarts per job and GPU utilisation, side by side with the
 published simulator results (data/pollux-osdi21/paper-results) and as the JCT-vs-load
-plot of Fig. 8a.
+plot of Fig. 8a. File reading is confined to the `load_*` functions, which validate everything
+they read and raise `ReportError` naming the file; the metrics, the table and the plot are
+functions of the loaded frozen dataclasses, so they can be checked on hand-made data.
 
-File reading is confined to the `load_*` functions, which validate everything they read and raise
-`ReportError` naming the file. The metrics, the table and the plot are functions of the loaded
-frozen dataclasses, so they can be checked on hand-made data.
-
-Run directory layout: `run.json` (policy, mode, load, interval, workload names), `summary.json`
+Run directory layout: `run.json` (policy, round timing, load, interval, workloads), `summary.json`
 (the published summary format, §7.5) and, optionally, one `<workload>.jsonl` per workload (one
 record per scheduling round, §7.6, plus `num_gpus`). Without a workload's log only the JCT figures
 are known; the others are None.
@@ -82,8 +80,9 @@ class RunInfo:
     """The settings of a run that the report uses (from run.json).
 
     Attributes:
-        policy: Scheduling policy: "pollux", "optimus" or "tiresias".
-        mode: Simulator mode, e.g. "faithful" for the published semantics.
+        policy: Scheduling policy (`pollux.policy.registry.POLICY_NAMES`).
+        mode: How rounds were timed (`SimConfig.timing`): "periodic" is the published
+            semantics (older run directories say "faithful" or "jct", the policy's mode).
         load: Job load relative to the 160-job workloads (0.5, 1.0, 1.5), or None for a
             workload set that is not one of the published loads.
         interval: Seconds between scheduling rounds.
@@ -443,8 +442,8 @@ def compare_table(
 
     Args:
         runs: Run summaries, e.g. from `summarize_runs`.
-        reference: Published results by (policy, load); a run's mode does not matter for the
-            match, because the published results are the reference for every mode.
+        reference: Published results by (policy, load); a run's round timing does not matter
+            for the match, because the published results are the reference for every timing.
 
     Returns:
         The header, a rule, one line per run and a note on the ratio columns.

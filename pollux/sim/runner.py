@@ -18,50 +18,23 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pollux.goodput import SyncModel
-from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
-from pollux.policy.tiresias import TiresiasPolicy
-from pollux.policy.types import Policy
+from pollux.policy.registry import PolicySpec, make_policy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import assign_tenants, load_workload
 
-POLICIES = ("pollux", "optimus", "tiresias")
-MODES = ("faithful", "jct")
-
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """What to simulate: a policy in a mode, on a cluster, with the simulator's settings."""
+    """What to simulate: a policy (name and settings), on a cluster, with the simulator's settings.
 
-    policy: str
-    mode: str
-    config: SimConfig
-
-
-def make_policy(name: str, mode: str) -> tuple[Policy, SimConfig]:
-    """The policy object and simulator overrides for a policy name and mode.
-
-    "faithful" is the published configuration: Pollux's artifact objective (fair-share speedups,
-    p = -1, age-aware restart penalty) and jobs that fit the published linear sync model.
-    "jct" (Pollux only) is that objective with each job's utility weighted by its declared
-    remaining work and a remaining-time-aware restart factor (`pollux.policy.jct`); the
-    simulator settings are the same.
+    The policy's restart delay is the simulator's (`SimConfig.restart_delay`), set by
+    `spec_for`.
     """
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode == "jct" and name != "pollux":
-        raise ValueError(f"mode 'jct' is a mode of the pollux policy, not of {name!r}")
-    if name == "pollux":
-        jct = JctParams() if mode == "jct" else None
-        return PolluxPolicy(PolluxParams(), jct=jct), SimConfig(sync_model=SyncModel.LINEAR)
-    if name == "optimus":
-        return OptimusPolicy(), SimConfig()
-    return TiresiasPolicy(), SimConfig()
+
+    policy: PolicySpec
+    config: SimConfig
 
 
 def workload_files(target: Path) -> list[Path]:
@@ -91,7 +64,7 @@ def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float
     With tenants configured and a workload that names none, jobs go to tenants by a hash of
     their names (`assign_tenants`).
     """
-    policy, _ = make_policy(spec.policy, spec.mode)
+    policy = make_policy(spec.policy)
     apps = load_published_applications(default_data_root() / "traces")
     workload = load_workload(path)
     tenants = spec.config.tenants
@@ -146,8 +119,8 @@ def run(
     summary = {"jcts": ordered, "avgs": avgs, "mean": sum(avgs.values()) / len(avgs)}
     (output / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     info = {
-        "policy": spec.policy,
-        "mode": spec.mode,
+        "policy": spec.policy.name,
+        "mode": spec.config.timing,
         "load": infer_load(target),
         "interval": spec.config.interval,
         "event_delay": spec.config.event_delay,
@@ -165,10 +138,14 @@ def run(
     return summary
 
 
-def spec_for(policy: str, mode: str, **overrides: Any) -> RunSpec:
-    """A RunSpec with the mode's simulator settings and any overrides (interval, seed …)."""
-    _, config = make_policy(policy, mode)
-    return RunSpec(policy=policy, mode=mode, config=replace(config, **overrides))
+def spec_for(policy: str, **overrides: Any) -> RunSpec:
+    """A RunSpec for policy `policy` (a registry name) with simulator overrides (interval …).
+
+    Raises:
+        PolicySpecError: `policy` names no policy (the message lists those that exist).
+    """
+    config = replace(SimConfig(), **overrides)
+    return RunSpec(PolicySpec.parse(policy, restart_delay_s=config.restart_delay), config)
 
 
 def _report(

@@ -5,21 +5,17 @@ placement traces, gradient statistics and progress from the validation runs. Eve
 seconds the policy (the same code the Scheduler service runs) re-allocates GPUs; a changed
 allocation costs `restart_delay` seconds of no progress. With `SimConfig.event_delay` a round
 also runs that long after each submission and completion, as the live scheduler's debounced
-trigger does (a submission then waits a second, not up to a round, for its first GPUs): a
-full one, after which the periodic schedule restarts, or with `event_rounds="place"` one that
-only places new jobs on free GPUs while the periodic rounds keep their own clock. Pollux
-jobs fit their own throughput model from the step times they experience and choose their
-batch size with it, as the real agent does. The simulation is deterministic for a given seed.
-
-Tenants (`SimConfig.tenants`, each job's `WorkloadJob.tenant`) reach the policy in every
-round's `ClusterState`; the Pollux policy enforces them (`pollux.policy.tenants`), the
-baselines ignore them.
+trigger does; what it does (a full round, or a placement round) is decided as the live
+scheduler decides it (`pollux.policy.rounds`). Jobs size themselves as the policy says
+(`Policy.sizing`): adaptive jobs fit their own throughput model from the step times they
+experience and choose their batch size with it, as the real agent does. Tenants
+(`SimConfig.tenants`) reach the policy in every round's `ClusterState`. The simulation is
+deterministic for a given seed.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 import zlib
 from collections import Counter
@@ -38,10 +34,19 @@ from pollux.goodput import (
     best_batch,
     fit_perf_params,
 )
-from pollux.policy.exploration import FAITHFUL, Exploration
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import resize_history
-from pollux.policy.placement import placement_state
-from pollux.policy.types import ClusterState, JobInfo, NodeInfo, OracleInfo, Policy, TenantSpec
+from pollux.policy.rounds import decide_round, runs_full
+from pollux.policy.types import (
+    ClusterState,
+    JobInfo,
+    JobSizing,
+    M,
+    NodeInfo,
+    OracleInfo,
+    Policy,
+    TenantSpec,
+)
 from pollux.sim.application import Application, split_fixed_batch
 from pollux.sim.workload import WorkloadJob
 
@@ -49,24 +54,14 @@ NCF_BATCH = 32768  # the published simulator runs ncf at a fixed batch on one GP
 MAX_REPLICAS = 64  # the published cap on any job's replicas in the simulator (§4.1)
 
 
-class JobMode(enum.Enum):
-    """How jobs size themselves under a policy (reference §5.2).
-
-    Attributes:
-        ADAPTIVE: Pollux: GPU count from the policy, batch size from the job's goodput model.
-        FIXED_BATCH: Optimus+Oracle: GPU count from the policy, the workload's batch size.
-        FIXED: Tiresias: the workload's GPU count and batch size.
-    """
-
-    ADAPTIVE = "adaptive"
-    FIXED_BATCH = "fixed_batch"
-    FIXED = "fixed"
-
-
 EVENT_ROUNDS = ("full", "place")
 """What an event-triggered round does (`SimConfig.event_rounds`)."""
 
-MODES = {"pollux": JobMode.ADAPTIVE, "optimus": JobMode.FIXED_BATCH, "tiresias": JobMode.FIXED}
+ReplicaLimit = Callable[[int, int, int], int]
+"""A policy's `replica_limit(profiled, held, cap)`."""
+
+POLLUX_LIMIT: ReplicaLimit = PolluxPolicy().replica_limit
+"""Faithful Pollux's replica limit (the default of a `SimJob`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +90,7 @@ class SimConfig:
             its application had measured when it was submitted (a cluster that remembers how
             each model runs on its hardware, as the live scheduler's profile seeding does;
             `SimJob.adopt`). False (published): each job profiles itself from nothing,
-            growing as far as the policy's `exploration` lets it past its largest observed size.
+            growing as far as the policy's `replica_limit` lets it past its largest observed size.
         event_delay: Seconds after a job's submission or completion at which an extra round
             runs: the live scheduler's event-triggered rounds (`scheduling.debounce_s`, 1 s
             there). None (published): rounds only every `interval`, so a submission waits
@@ -103,7 +98,8 @@ class SimConfig:
         event_rounds: What those extra rounds do. "full": re-plan every job, the periodic
             schedule restarting from the round. "place": only place jobs that never ran on
             free GPUs (`pollux.policy.placement`), periodic rounds keeping their own clock
-            (the live `scheduling.event_rounds`). With tenants every round is a full one.
+            (the live `scheduling.event_rounds`). With tenants every round is a full one
+            (`pollux.policy.rounds`).
     """
 
     nodes: int = 16
@@ -139,6 +135,11 @@ class SimConfig:
         if self.event_rounds != "full" and self.event_delay is None:
             raise ValueError(f"event_rounds={self.event_rounds!r} needs an event_delay")
 
+    @property
+    def timing(self) -> str:
+        """How rounds are timed: "periodic" (published), "events-full" or "events-place"."""
+        return "periodic" if self.event_delay is None else f"events-{self.event_rounds}"
+
     def delay_of(self, application: str) -> float:
         """Restart delay of a job of `application` (seconds)."""
         for name, delay in self.restart_delays:
@@ -159,14 +160,15 @@ class SimJob:
 
     spec: WorkloadJob
     app: Application
-    mode: JobMode
+    sizing: JobSizing
     sync_model: SyncModel
     target_batch: int | None = None
     target_replicas: int | None = None
     allocation: tuple[int, ...] = ()
     atomic_bsz: int = 0
     accum_steps: int = 0
-    exploration: Exploration = FAITHFUL
+    replica_limit: ReplicaLimit = POLLUX_LIMIT
+    needs_oracle: bool = False
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
     perf: PerfParams | None = None
     grad: tuple[float, float] | None = None
@@ -186,20 +188,37 @@ class SimJob:
         cls,
         spec: WorkloadJob,
         app: Application,
-        mode: JobMode,
+        sizing: JobSizing,
         sync_model: SyncModel,
-        exploration: Exploration = FAITHFUL,
+        replica_limit: ReplicaLimit = POLLUX_LIMIT,
+        needs_oracle: bool = False,
     ) -> SimJob:
-        """A job as submitted, sized for `mode`, exploring as the policy lets it."""
-        job = cls(spec=spec, app=app, mode=mode, sync_model=sync_model, exploration=exploration)
-        if mode is JobMode.ADAPTIVE:
+        """A job as submitted, sized as `sizing` says, growing as `replica_limit` lets it."""
+        job = cls(
+            spec=spec,
+            app=app,
+            sizing=sizing,
+            sync_model=sync_model,
+            replica_limit=replica_limit,
+            needs_oracle=needs_oracle,
+        )
+        if sizing is JobSizing.ADAPTIVE:
             if app.name == "ncf":
                 job.target_batch = NCF_BATCH
         else:
             job.target_batch = spec.batch_size
-            if mode is JobMode.FIXED:
+            if sizing is JobSizing.FIXED:
                 job.target_replicas = spec.num_replicas
         return job
+
+    @classmethod
+    def under(
+        cls, spec: WorkloadJob, app: Application, policy: Policy[M], sync_model: SyncModel
+    ) -> SimJob:
+        """A job as submitted under `policy` (its sizing, replica limit and oracle)."""
+        return cls.create(
+            spec, app, policy.sizing, sync_model, policy.replica_limit, policy.needs_oracle
+        )
 
     # -- derived state ------------------------------------------------------------------
 
@@ -229,14 +248,13 @@ class SimJob:
         app = self.app
         if app.name == "ncf":
             return 1
-        if self.mode is JobMode.FIXED:
+        if self.sizing is JobSizing.FIXED:
             return self.target_replicas or 1
         by_batch = (self.target_batch or app.max_batch_size) // app.min_local_bsz
-        if self.mode is JobMode.FIXED_BATCH:
-            return max(1, by_batch)
+        if self.sizing is JobSizing.FIXED_BATCH:
+            return max(1, by_batch)  # its oracle is the truth: no exploration
         profiled = max((k for _, k, _ in self.profile), default=0)
-        explore = self.exploration.limit(profiled, 0)
-        return max(1, min(explore, cap, by_batch))
+        return self.replica_limit(profiled, 0, max(1, min(cap, by_batch)))
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's own goodput model, once it has fitted its throughput."""
@@ -371,7 +389,7 @@ class SimJob:
         so another run's measurements are this job's too; its own rows win where both exist.
         Gradient statistics stay the job's own.
         """
-        if self.mode is not JobMode.ADAPTIVE or shared.keys() <= self.profile.keys():
+        if self.sizing is not JobSizing.ADAPTIVE or shared.keys() <= self.profile.keys():
             return
         for key, times in shared.items():
             self.profile.setdefault(key, times)
@@ -386,7 +404,7 @@ class SimJob:
         if key in self.profile:
             return
         self.profile[key] = (step_time, sync_time)
-        if self.mode is JobMode.ADAPTIVE:
+        if self.sizing is JobSizing.ADAPTIVE:
             self._refit()
 
     def _refit(self) -> None:
@@ -412,7 +430,7 @@ class SimJob:
         `Application.progress`), unless `config` makes it one that declares nothing; its
         restart pause is reported once it has paid one (started), with per-model delays only.
         """
-        oracle = self._oracle(config) if self.mode is JobMode.FIXED_BATCH else None
+        oracle = self._oracle(config) if self.needs_oracle else None
         remaining = (
             max(self.app.final_progress - self.progress, 0.0)
             if config.declares(self.name)
@@ -433,7 +451,7 @@ class SimJob:
             last_resize=self.resize_record[2],
             attained_service=self.attained_service,
             max_replicas=self.max_replicas(config.max_replicas),
-            model=self.goodput_model() if self.mode is JobMode.ADAPTIVE else None,
+            model=self.goodput_model() if self.sizing is JobSizing.ADAPTIVE else None,
             target_replicas=self.target_replicas,
             target_batch_size=self.target_batch,
             oracle=oracle,
@@ -509,7 +527,7 @@ RoundHook = Callable[[dict[str, Any]], None]
 def simulate(
     workload: Sequence[WorkloadJob],
     apps: dict[str, Application],
-    policy: Policy,
+    policy: Policy[M],
     config: SimConfig = SimConfig(),
     *,
     on_round: RoundHook | None = None,
@@ -529,41 +547,37 @@ def simulate(
     missing = sorted({j.application for j in workload} - set(apps))
     if missing:
         raise ValueError(f"workload uses applications without traces: {missing}")
-    mode = MODES.get(policy.name)
-    if mode is None:
-        raise ValueError(f"unknown policy {policy.name!r}; expected one of {sorted(MODES)}")
     jobs = [
-        SimJob.create(spec, apps[spec.application], mode, config.sync_model, policy.exploration)
-        for spec in workload
+        SimJob.under(spec, apps[spec.application], policy, config.sync_model) for spec in workload
     ]
     node_names = [f"n{i}" for i in range(config.nodes)]
     nodes = tuple(NodeInfo(name, config.gpus_per_node) for name in node_names)
     index = {name: i for i, name in enumerate(node_names)}
     rng = np.random.default_rng(config.seed)
-    memory: object | None = None
+    memory: M | None = None
     runs = _runs_by_application(jobs)
     now, rounds = 0.0, 0
     periodic_due = config.interval
-    place_on_events = config.event_rounds == "place" and not config.tenants
+    place_on_events = config.event_rounds == "place"
     arrivals = sorted({job.spec.submission_time for job in jobs})
     while not all(job.completed for job in jobs):
         if now > max_time:
             raise RuntimeError(f"jobs still running after {max_time:.0f} s of simulated time")
         seen = now if rounds else -math.inf
         now, periodic = _advance(jobs, now, config, arrivals, seen=seen, due=periodic_due)
-        full = periodic or not place_on_events
-        if full:
-            periodic_due = now + config.interval
+        placement = place_on_events and not periodic
         active = [j for j in jobs if j.spec.submission_time <= now and not j.completed]
         for job in jobs:
             if job.completed and job.allocation:
                 job.allocation = ()
         if active and config.share_profiles:
             _seed_profiles(active, runs)
+        infos = tuple(j.info(now, node_names, config) for j in active)
+        state = ClusterState(now, nodes, infos, config.tenants)
+        if runs_full(state, placement):
+            periodic_due = now + config.interval  # a full round restarts the periodic clock
         if active:
-            infos = tuple(j.info(now, node_names, config) for j in active)
-            state = ClusterState(now, nodes, infos, config.tenants)
-            memory = _plan_round(active, state, policy, memory, rng, full, index, config)
+            memory = _plan_round(active, state, policy, memory, rng, placement, index, config)
         rounds += 1
         if on_round is not None:
             on_round(_round_record(now, config, jobs))
@@ -582,34 +596,24 @@ def simulate(
 def _plan_round(
     active: Sequence[SimJob],
     state: ClusterState,
-    policy: Policy,
-    memory: object | None,
+    policy: Policy[M],
+    memory: M | None,
     rng: np.random.Generator,
-    full: bool,
+    placement: bool,
     index: Mapping[str, int],
     config: SimConfig,
-) -> object | None:
-    """Plan one round and apply it; returns the warm start for the next full round.
-
-    A full round re-plans every job; a placement round only places jobs that never ran on
-    free GPUs (`placement_state`) and keeps the last full round's warm start.
-    """
-    if full:
-        decision = policy.allocate(state, memory, rng)
-        memory = decision.memory
-    else:
-        state = placement_state(state)
-        if not (state.jobs and state.nodes):
-            return memory
-        decision = policy.allocate(state, None, rng)
-    planned = {info.name for info in state.jobs}
+) -> M | None:
+    """Decide one round (`pollux.policy.rounds`) and apply it; returns the policy's memory."""
+    decided = decide_round(state, policy, memory, rng, placement=placement)
+    planned = decided.planned
+    allocations = decided.decision.allocations
     for job in active:
-        if job.name not in planned:
+        if planned is not None and job.name not in planned:
             continue
-        new = tuple(sorted(index[n] for n in decision.allocations.get(job.name, ())))
+        new = tuple(sorted(index[n] for n in allocations.get(job.name, ())))
         if new != job.allocation:
             job.reallocate(new, config.delay_of(job.app.name))
-    return memory
+    return decided.memory
 
 
 def _advance(
@@ -685,7 +689,7 @@ def _seed_profiles(active: Sequence[SimJob], runs: Mapping[str, Sequence[SimJob]
         earlier = runs[job.app.name]
         position = next(i for i, other in enumerate(earlier) if other is job)
         for other in reversed(earlier[:position]):
-            if other.perf is not None and other.mode is JobMode.ADAPTIVE:
+            if other.perf is not None and other.sizing is JobSizing.ADAPTIVE:
                 job.adopt(dict(other.profile))
                 break
 

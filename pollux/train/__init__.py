@@ -2,23 +2,13 @@
 
 A replica trains with `ElasticTrainer`, which measures the job for the scheduler (step times,
 gradient noise scale), follows the batch configuration chosen for its allocation, scales the
-learning rate, and checkpoints atomically when the allocation changes. Typical use::
-
-    import pollux.train as pt
-
-    pt.init()
-    trainer = pt.ElasticTrainer(model, optimizer, dataset, init_batch_size=128)
-    for epoch in trainer.epochs(10):
-        for x, y in trainer.batches():
-            trainer.step(loss_fn(trainer.model(x), y))
-    trainer.close()
-    pt.shutdown()  # leave the process group before the interpreter exits
-
-The control plane plugs in through two protocols: `BatchConfigSource` (the batch size to use)
-and `MetricsSink` (where measurements go). This package imports no gRPC code.
+learning rate, and checkpoints atomically when the allocation changes. The control plane plugs
+in through two protocols, `BatchConfigSource` (the batch size to use) and `MetricsSink` (where
+measurements go); importing this package loads no gRPC. The user guide is docs/training.md.
 """
 
 from pollux.train.checkpoint import CheckpointManager, StopSignal
+from pollux.train.config import CheckpointConfig, ControlConfig, DataConfig, MeasureConfig
 from pollux.train.data import (
     AdaptiveDataLoader,
     BatchConfig,
@@ -63,8 +53,11 @@ __all__ = [
     "AdaptiveDataLoader",
     "BatchConfig",
     "BatchConfigSource",
+    "CheckpointConfig",
     "CheckpointError",
     "CheckpointManager",
+    "ControlConfig",
+    "DataConfig",
     "ElasticTrainer",
     "EnvVarError",
     "FixedBatchConfig",
@@ -73,6 +66,7 @@ __all__ = [
     "GradientNoiseScale",
     "InMemorySink",
     "InvalidValueError",
+    "MeasureConfig",
     "MetricsBatch",
     "MetricsReporter",
     "MetricsSink",

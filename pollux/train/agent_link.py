@@ -1,20 +1,13 @@
 """The training library's link to its agent: a `MetricsSink` and a `BatchConfigSource` over gRPC.
 
 A replica started by a launcher gets `POLLUX_AGENT_ADDR` (the job's owning agent first, then
-the others) and `ElasticTrainer` plugs this link in. It lives beside the trainer, which alone
-uses it, so that `pollux.client` needs no torch; `pollux.train` imports it lazily, only when
-an agent address is set, so that importing the library loads no gRPC.
-
-Reports go to the first agent that answers; a failure raises, so the trainer's reporter keeps
-the batch and retries later (training never waits on the agent). Batch configurations are
-refreshed by a background thread so that `batch_config()` never blocks a training step. Every
-answer names the live agents in the job's rendezvous order; when that list differs from the
-link's (agents came or went), the link re-points to it, so running replicas follow their job's
-agent without a restart.
-
-On a cluster with TLS the launcher also sets `POLLUX_TLS_CA` (to check the agent's
-certificate) and `POLLUX_JOB_CREDENTIAL` (sent as a bearer credential with every call; the
-agent takes reports only for the job it names).
+the others); rank 0's trainer plugs this link in through `pollux.train.control_plane`, which
+imports it lazily so that importing the library loads no gRPC (it lives beside the trainer so
+that `pollux.client` needs no torch). Reports go to the first agent that answers and a failure
+raises, so the reporter retries later; batch configurations are refreshed in the background,
+so `batch_config()` never blocks a step; every answer names the live agents, and the link
+follows them. With TLS it checks the agent against `POLLUX_TLS_CA` and sends
+`POLLUX_JOB_CREDENTIAL` with every call (docs/architecture.md, "The training library").
 """
 
 from __future__ import annotations

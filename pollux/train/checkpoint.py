@@ -1,23 +1,13 @@
 """Atomic checkpoints and the planned-stop signal (docs/architecture.md §7).
 
-**Atomicity.** A checkpoint is one file, ``<dir>/checkpoint.pt``. It is written to a temporary
-file in the same directory, flushed and fsynced, renamed over the previous checkpoint with
-`os.replace` (atomic on POSIX within a filesystem), and the directory is fsynced so the rename
-itself survives a power cut. A process killed at any point therefore leaves either the previous
-checkpoint or the new one, never a mixture; a leftover temporary file is ignored by `load` and
-removed by the next `save`. Only rank 0 writes: in data-parallel training every replica holds the
-same model and optimizer state, and the data position is global.
-
-**Loading.** A missing checkpoint means a fresh start. A checkpoint that exists but cannot be
-read is an error, not a fresh start: silently restarting a long job from scratch would throw
-away its progress. Files are loaded with ``weights_only=True`` (no arbitrary code from pickles).
-
-**Planned stop.** The launcher stops a replica with SIGTERM and expects exit code 143 after a
-checkpoint (docs/architecture.md §7). `StopSignal` only sets a flag from the handler; the
-trainer polls it at step boundaries, where the state is consistent, agrees with the other
-replicas, saves, and raises `Preempted` (a `SystemExit` with code 143). A second signal ends
-the process at once. What the replicas do together (agree on the step, wait for the
-checkpoint, resume from one view of it, periodic checkpoints) is `pollux.train.preemption`.
+A checkpoint is one file, ``<dir>/checkpoint.pt``, written to a temporary file in the same
+directory, fsynced, renamed over the previous one, and the directory fsynced: a process killed
+at any point leaves the previous checkpoint or the new one, never a mixture. Only rank 0 writes
+(every replica holds the same state), and never once a newer allocation generation owns the
+directory. A checkpoint that exists but cannot be read is an error, not a fresh start; files
+are loaded with ``weights_only=True``. `StopSignal` turns SIGTERM into a flag the trainer polls
+at step boundaries; a second signal ends the process at once. What the replicas do together is
+`pollux.train.preemption` (docs/architecture.md, "The training library").
 """
 
 from __future__ import annotations

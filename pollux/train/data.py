@@ -1,37 +1,15 @@
 """Adaptive, elastic, resumable data loading (reference §8.4, with its gaps closed).
 
-An epoch is one pass over the dataset in a fixed order: a permutation seeded by (seed, epoch)
-for map-style datasets, the stream itself for iterable ones. Replicas walk that order together.
-The loader's only position is **how many samples of the epoch all replicas together have
-consumed** in completed optimizer steps. Each optimizer step takes the next ``K·m·s`` samples
-of the order (K replicas, m = ``local_bsz``, s = ``accum_steps``): micro-batch j of replica r
-is the slice ``[j·K·m + r·m, j·K·m + (r+1)·m)`` of the step's window. Because the plan depends only
-on (position, K, r, configuration), a job restarted with another number of replicas or batch size
-continues from the same position, and every sample is used exactly once per epoch.
-
-**When the batch size changes.** Only between optimizer steps: `set_batch_config` takes effect
-at the next step boundary, so a step never mixes configurations, and the gradient-noise and
-timing statistics of a step always describe one (K, m, s).
-
-**The end of an epoch.** When fewer than ``K·m·s`` samples remain (R), the last step uses
-exactly those: replica r takes ``⌊R/K⌋`` or ``⌈R/K⌉`` contiguous samples, split into at most s
-micro-batches of at most m. Such a step is *irregular*: replicas may hold different numbers of
-samples, some none at all (e.g. after a restart onto more replicas than samples remain). The
-trainer synchronises it by weighting each micro-batch's loss by its share of the R samples
-(an exact mean over the step's samples), so the tail is neither dropped nor padded with repeats.
-A replica with nothing to do in a step is reported through `on_empty_step` so that it can still
-take part in the step's collectives.
-
-**Resumption.** The committed position advances when a step is finished: explicitly through
-`finish_step` (the trainer does this before it checkpoints) or implicitly when the consumer
-asks for the batch after a step's last micro-batch. A checkpoint therefore never counts a step
-whose update was not applied; a step interrupted half-way is replayed from its start.
-Iterable datasets resume by skipping the consumed prefix of the stream; they must yield the
-same stream on every replica for a given epoch (``set_epoch(epoch)`` is called when the
-dataset has it). Every replica reads the whole stream and keeps its slices, so reading and
-decoding cost K times what one replica needs, and a resume re-reads the consumed prefix:
-for large data prefer a map-style dataset (which reads only its own samples), or make the
-iterable cheap to skip.
+An epoch is one pass in a fixed order (a seeded permutation for map-style datasets, the stream
+for iterable ones); the loader's only position is how many samples of the epoch all replicas
+consumed in completed optimizer steps. Micro-batch j of replica r is the slice
+``[j·K·m + r·m, j·K·m + (r+1)·m)`` of the step's window, so a restart on any number of replicas
+or batch size continues from the same position and every sample is used once per epoch. A
+batch-size change takes effect at the next step boundary. An epoch's last step uses exactly
+the samples left (an *irregular* step; a replica left without any is told through
+`on_empty_step`). The position advances when a step finishes (`finish_step`), so a checkpoint
+never counts a step whose update was not applied (docs/architecture.md, "The training
+library").
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """Gradient noise scale: the statistics behind statistical efficiency (reference §8.2).
 
-A gradient computed on a batch of ``b`` samples is the true gradient G plus noise whose covariance
-is Σ/b. Given ``c ≥ 2`` independent gradients g_1..g_c of equal batch size whose mean is the
-gradient the optimizer applies (a total batch of M samples, S = M/M0), with
-
-    L = (1/c) Σ_i |g_i|²     (mean squared norm of the individual gradients)
-    T = |(1/c) Σ_i g_i|²     (squared norm of their mean)
-
-the unbiased estimators are
-
-    sqr = (c·T − L) / (c − 1)           of |G|²
-    var = (L − T) · S / (c − 1)         of tr(Σ)/M0, the noise of an M0-sample gradient.
-
-The c gradients come from the replicas (each replica's local gradient before the all-reduce)
-and from the micro-batches of gradient accumulation, so c = K · accum_steps. With one replica and
-no accumulation (c = 1) there is only one gradient per step; the *differenced* estimator then
-pairs each step's gradient with the previous step's (c = 2, S doubled), as published.
-
-Estimates are smoothed per optimizer parameter group with a bias-corrected exponential moving
-average whose decay θ = 0.999^S counts a step of S·M0 samples as S steps of M0 samples. For
-Adam and AdamW the gradients are pre-conditioned (divided elementwise by Adam's
-sqrt(v̂) + eps), so that the statistics describe the update Adam actually takes; this variant is
-chosen automatically from the optimizer's type (the published code needed it passed by hand).
-
-This module is pure tensor maths plus gradient hooks: the distributed part (summing the local
-squared norms over replicas) is the caller's, so everything here is testable in one process.
+From c ≥ 2 independent gradients of equal batch whose mean the optimizer applies (total batch
+M = S·M0), with L = (1/c) Σ|g_i|² and T = |(1/c) Σ g_i|², the unbiased estimators are
+sqr = (c·T − L)/(c − 1) of |G|² and var = (L − T)·S/(c − 1) of tr(Σ)/M0 (`estimate`). The c
+gradients are the replicas' and the accumulation micro-batches' (c = K·s); with one of each the
+differenced estimator pairs consecutive steps (c = 2, S doubled). `GradientNoiseScale` smooths
+the estimates per param group (bias-corrected, θ = 0.999^S) and `GradientCollector` reads the
+norms through gradient hooks, pre-conditioned for Adam/AdamW. Pure tensor maths: summing over
+replicas is the caller's (docs/architecture.md, "The training library").
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""Step-time measurement and background reporting to the job's agent (reference §8.3, §8.6).
+"""Step-time profiles and background reporting to the job's agent (reference §8.3, §8.6).
 
-**What is measured.** Every micro-batch is timed from the moment the loader hands it out until
-the training loop asks for the next one, so data loading is excluded and the user's forward,
-backward and optimizer step are included. A micro-batch that only accumulates gradients (no
-synchronisation) is an *accumulation step*; the one that synchronises and updates the model is
-the *optimizer step*. For the optimizer step the exposed synchronisation time is measured too
-(from the last local gradient to the end of the backward pass), so that its compute part can be
-counted as an accumulation step when there is no accumulation at all (published method).
-Observations are aggregated per configuration (N, K, m, s) into mean times and a count: the
-inputs of the throughput fit (reference §1.4).
-
-On CUDA the marks are CUDA events read back lazily once they have completed, so timing never
-forces the host to wait for the GPU; on CPU they are wall-clock readings.
-
-**How it is reported.** `MetricsReporter` runs a daemon thread that, every few seconds, cuts a
-`MetricsBatch` of the observations since the previous cut plus the latest gradient statistics,
-and sends pending batches, oldest first, through a `MetricsSink`. The training thread only
-appends to in-memory aggregates under a lock held for microseconds: it never waits on the sink.
-A failing sink (agent unreachable) keeps its batches queued and is retried with exponential
-backoff; the queue is bounded and drops its oldest batch when full (counted in `dropped`), so
-a long outage costs old measurements, never memory or training time. A batch keeps its sequence
-number across retries, so the agent can deduplicate a retry of a batch it had applied.
+`StepProfile` aggregates optimizer steps per configuration (N, K, m, s) into mean accumulation
+and optimizer-step times and a count, the inputs of the throughput fit; `StepClock` and
+`StepRecorder` turn marks (CUDA events read back once completed, else wall-clock readings) into
+those records without making the host wait for the GPU. `MetricsReporter` sends `MetricsBatch`es
+through a `MetricsSink` from a daemon thread: the training thread never waits on the sink, a
+failing sink is retried with backoff, a bounded queue drops its oldest batch when full, and a
+batch keeps its sequence number across retries (docs/architecture.md, "The training library").
 """
 
 from __future__ import annotations

@@ -1,22 +1,21 @@
 """The replicas' side of checkpoints: one checkpoint to resume, one step to stop at, exit 143.
 
-`CheckpointManager` writes and reads one file and `StopSignal` turns SIGTERM into a flag
-(`pollux.train.checkpoint`); this module is what the replicas do with them together, so that
-a job of several replicas resumes, stops and fails as one (docs/architecture.md §7):
+`CheckpointManager` writes one file and `StopSignal` turns SIGTERM into a flag
+(`pollux.train.checkpoint`); this module is what the replicas do with them together, so that a
+job of several replicas resumes, stops and fails as one (docs/architecture.md §7):
 
-- **Resume.** Every replica loads the checkpoint; if their views differ, rank 0's state wins
-  (`load_agreed_checkpoint`).
-- **Stop.** The trainer polls the flag at step boundaries, where the state is consistent. The
-  replicas agree on the step to stop at (`any_replica` at epoch boundaries, the step's
-  agreement otherwise); then `preempt` has rank 0 write the checkpoint, makes every replica
-  wait until it is durable and raises `Preempted` (exit code 143), or the same
-  `CheckpointError` on every replica if it could not be written.
-- **Periodic checkpoints** are insurance: rank 0 writes one at the first step boundary after
-  the interval, and a failure is only logged, since the other replicas have gone on already.
+- **Resume.** If the replicas' views of the checkpoint differ, rank 0's state wins.
+- **Stop.** The replicas agree on the step to stop at (`any_replica` at epoch boundaries, the
+  step's agreement otherwise); `preempt` has rank 0 write the checkpoint, makes every replica
+  wait until it is durable and raises `Preempted` (exit 143), or the same `CheckpointError` on
+  every replica. `PlannedStop` is one trainer's side of it, the next start's pause included.
+- **Periodic checkpoints** are insurance: a failure is only logged, since the other replicas
+  have gone on already.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -26,22 +25,8 @@ import torch.distributed as dist
 from structlog.typing import FilteringBoundLogger
 
 from pollux.train.checkpoint import CheckpointManager, StopSignal
+from pollux.train.distributed import Replicas, any_replica
 from pollux.train.errors import CheckpointError, Preempted
-
-
-def any_replica(flag: bool, *, world_size: int, device: torch.device) -> bool:
-    """Whether `flag` is set on any replica; a collective (every replica calls it) when K > 1.
-
-    Args:
-        flag: This replica's flag.
-        world_size: Replicas K.
-        device: Where the collective's tensor lives (the backend's device).
-    """
-    if world_size == 1:
-        return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(tensor)
-    return bool(tensor.item() > 0)
 
 
 def load_agreed_checkpoint(
@@ -138,3 +123,89 @@ def preempt(
     if world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()  # the process is about to exit
     raise Preempted(None if path is None else str(path))
+
+
+class PlannedStop:
+    """One replica's planned stop: SIGTERM as a flag, stopping with the others, its cost.
+
+    Args:
+        replicas: The job's process group.
+        checkpoints: The job's checkpoints (named when the stop's checkpoint fails).
+        save: Writes the checkpoint (rank 0), returning its path or None.
+        close: Releases the trainer (reporter, agent link, signal handlers, hooks).
+        position: Where training stands, for the log (epoch, position, progress).
+        log: The trainer's logger.
+        generation: This replica's allocation generation, for the log.
+    """
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        checkpoints: CheckpointManager,
+        *,
+        save: Callable[[], Path | None],
+        close: Callable[[], None],
+        position: Callable[[], Mapping[str, Any]],
+        log: FilteringBoundLogger,
+        generation: int = 0,
+    ) -> None:
+        self.signal = StopSignal()
+        self.generation = generation
+        self.replicas = replicas
+        self.checkpoints = checkpoints
+        self.previous_request: float | None = None
+        """Wall-clock time of the stop request that ended the previous allocation (from the
+        checkpoint), or None after a fresh start or a restart without a planned stop."""
+        self._save = save
+        self._close = close
+        self._position = position
+        self._log = log
+        self._installed = False
+
+    def install(self, wanted: bool) -> None:
+        """Install the SIGTERM handler if `wanted` (main thread only)."""
+        self._installed = wanted and self.signal.install()
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers, if `install` installed ours."""
+        if self._installed:
+            self.signal.uninstall()
+            self._installed = False
+
+    def rescale_pause_s(self, now: float) -> float | None:
+        """Seconds from the previous allocation's stop request to wall-clock `now`, or None.
+
+        Times of two processes, possibly on two nodes: as exact as their clocks agree (NTP
+        keeps that to milliseconds), and never negative. Logged as ``rescale_pause``.
+        """
+        if self.previous_request is None:
+            return None
+        pause = max(0.0, now - self.previous_request)
+        self._log.info(
+            "rescale_pause",
+            seconds=round(pause, 3),
+            world_size=self.replicas.world_size,
+            generation=self.generation,
+        )
+        return pause
+
+    def check(self) -> None:
+        """Stop now if any replica was asked to (a collective when K > 1)."""
+        if self.replicas.any(self.signal.requested):
+            self.stop()
+
+    def stop(self) -> NoReturn:
+        """Checkpoint and raise `Preempted` (see `preempt`); every replica calls it alike."""
+        if self.signal.requested_at is None:
+            # Another replica was signalled and all agreed to stop: the request is now, here.
+            self.signal.requested_at = time.time()
+        preempt(
+            self._save,
+            self._close,
+            world_size=self.replicas.world_size,
+            device=self.replicas.comm_device,
+            checkpoints=self.checkpoints,
+            stop_signal=self.signal,
+            log=self._log,
+            position=self._position(),
+        )

@@ -1,20 +1,12 @@
 """Learning-rate scaling rules and progress accounting (reference §2).
 
-When the total batch grows from the user's M0 to M = S·M0, the learning rate tuned for M0 must
-change too. Each rule gives a factor per optimizer param group:
-
-| rule       | factor                                                     |
-|------------|------------------------------------------------------------|
-| `ADASCALE` | r_g(S) = (var_g + sqr_g)/(var_g/S + sqr_g); √ for Adam/AdamW |
-| `LINEAR`   | S                                                          |
-| `SQRT`     | √S                                                         |
-| `NONE`     | 1                                                          |
-
-The factor multiplies each group's learning rate for the duration of one ``optimizer.step()``
-and the user's value is put back afterwards, so LR schedulers keep acting on the base rate and
-never see the scaled one. Whatever the rule, training progress is counted in M0-batch steps:
-every applied step adds the AdaScale gain r(S) of the summed statistics, as published, so that
-"how far along is this job" does not depend on the batch sizes it happened to run with.
+When the total batch grows from M0 to M = S·M0, each rule gives a factor per param group:
+`ADASCALE` r(S) = (var + sqr)/(var/S + sqr) (√r for Adam/AdamW), `LINEAR` S, `SQRT` √S, `NONE`
+1. The factor multiplies each group's learning rate for one ``optimizer.step()`` and the user's
+value is put back afterwards, so LR schedulers act on the base rate and never see the scaled
+one. Whatever the rule, progress is counted in M0-steps: every applied step adds the AdaScale
+gain r(S) of the summed statistics, so "how far along" does not depend on the batch sizes a job
+happened to run with.
 """
 
 from __future__ import annotations

@@ -87,7 +87,9 @@ class AdminServiceServicer:
     """
 
     def WhoAmI(self, request, context):
-        """WhoAmI returns the caller's identity as the server sees it (any authenticated caller).
+        """WhoAmI returns the caller's identity as the server sees it (any authenticated caller;
+        "local" with role admin on a cluster without authentication). Reads nothing from etcd.
+        Errors: UNAUTHENTICATED only. Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,7 +97,9 @@ class AdminServiceServicer:
 
     def CreateToken(self, request, context):
         """CreateToken issues a token for a user; its secret is returned once and never stored.
-        Errors: INVALID_ARGUMENT (bad user, role, tenant or ttl), NOT_FOUND (unknown tenant).
+        Not idempotent: every call issues another token (a lost response leaves an unused token:
+        find it with ListTokens and revoke it). Errors: INVALID_ARGUMENT (bad user, role, tenant,
+        ttl_s or description; nothing stored), NOT_FOUND (the tenant does not exist).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,22 +121,26 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutTenant(self, request, context):
-        """PutTenant creates or replaces a tenant. Errors: INVALID_ARGUMENT.
+        """PutTenant creates or replaces a tenant (its create_time kept on a replace); the next
+        scheduling round uses the new entitlement. Idempotent: putting the same tenant twice
+        leaves one. Safe to retry. Errors: INVALID_ARGUMENT (bad name, weight, guarantee or cap;
+        nothing stored), ABORTED (a concurrent PutTenant of the same name: retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTenant(self, request, context):
-        """DeleteTenant removes a tenant; its jobs keep running as the default tenant's.
-        Errors: NOT_FOUND.
+        """DeleteTenant removes a tenant; its jobs keep running and count as the default tenant's
+        from the next round. Tokens that name it are not changed.
+        Errors: NOT_FOUND (no such tenant). Safe to retry (a second delete returns NOT_FOUND).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTenants(self, request, context):
-        """ListTenants lists tenants. Safe to retry.
+        """ListTenants lists every tenant by name (any person may see the shares). Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,6 +149,8 @@ class AdminServiceServicer:
     def GetUsage(self, request, context):
         """GetUsage sums GPU-seconds and goodput-seconds per tenant and user. A user may ask for
         their own usage; other filters need the admin role. Safe to retry.
+        Errors: PERMISSION_DENIED (a user asking for another user), INVALID_ARGUMENT (since
+        outside years 1-9999).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +158,7 @@ class AdminServiceServicer:
 
     def ListAudit(self, request, context):
         """ListAudit returns the newest audit records, newest first. Safe to retry.
+        Errors: INVALID_ARGUMENT (limit over 1000).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

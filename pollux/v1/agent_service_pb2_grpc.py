@@ -63,7 +63,8 @@ class AgentServiceServicer:
         Every report is checked for plausibility (times, steps claimed per elapsed time, batch
         within the job's limits, finite statistics) and one report weighs at most 512 steps.
         Errors: INVALID_ARGUMENT (negative or non-finite times, replicas < nodes, implausible
-        counts, ...; nothing applied), NOT_FOUND (unknown job), UNAVAILABLE (etcd unreachable).
+        counts, ...; nothing applied), NOT_FOUND (unknown job), UNAVAILABLE (etcd unreachable, or
+        the profile changed concurrently too often: retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,15 +72,19 @@ class AgentServiceServicer:
 
     def GetBatchConfig(self, request, context):
         """GetBatchConfig returns the per-replica batch and accumulation steps for an allocation.
-        Stable: the answer changes only when the predicted gain exceeds the hysteresis threshold.
-        Errors: INVALID_ARGUMENT (num_replicas < num_nodes or 0), NOT_FOUND. Safe to retry.
+        Stable: the answer changes only when the predicted gain exceeds the hysteresis threshold
+        (agent setting, 5 % by default); the answer is remembered per shape in the job's profile.
+        Errors: INVALID_ARGUMENT (empty job_id, num_nodes 0, num_replicas < num_nodes),
+        NOT_FOUND, FAILED_PRECONDITION (the job's batch limits admit no configuration on that
+        allocation), UNAVAILABLE (as ReportMetrics). Idempotent; safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetModel(self, request, context):
-        """GetModel returns a job's latest fitted model. Errors: NOT_FOUND. Safe to retry.
+        """GetModel returns a job's latest fitted model. Errors: INVALID_ARGUMENT (empty job_id),
+        NOT_FOUND (unknown job, or no model yet: nothing reported). Read-only; safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

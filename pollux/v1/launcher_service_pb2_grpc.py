@@ -53,15 +53,19 @@ class LauncherServiceServicer:
 
     def StreamLogs(self, request, context):
         """StreamLogs streams a replica's combined stdout/stderr: the retained tail first, then new
-        lines while follow is set, until the replica exits or the client cancels.
-        Errors: NOT_FOUND (no replica of that job and rank on this node), INVALID_ARGUMENT.
+        lines while follow is set, until the replica exits or the client cancels. The first
+        message comes at once, even with no lines (it says the generation). Read-only; safe to
+        retry (a retry sends the retained tail again: set since to skip what was received).
+        Errors: NOT_FOUND (no replica of that job and rank, of at least min_generation, on this
+        node), INVALID_ARGUMENT (empty job_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListReplicas(self, request, context):
-        """ListReplicas returns the replicas this node runs or ran recently. Safe to retry.
+        """ListReplicas returns the replicas this node runs or ran recently. Read-only; safe to
+        retry. Errors: only the service's UNAUTHENTICATED and PERMISSION_DENIED (see above).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -100,8 +100,10 @@ class SchedulerServiceServicer:
     def SubmitJob(self, request, context):
         """SubmitJob validates a spec completely and stores the job as PENDING.
         Idempotent on request_id: a retry with the same request_id returns the job created first
-        (and ALREADY_EXISTS only if the spec differs). Safe to retry.
-        Errors: INVALID_ARGUMENT (bad spec; nothing stored), UNAVAILABLE (etcd unreachable).
+        (created false). Safe to retry with the same request_id.
+        Errors: INVALID_ARGUMENT (bad spec or request_id, every problem listed; nothing stored),
+        FAILED_PRECONDITION (request_id already used with a different spec or by another owner),
+        UNAVAILABLE (etcd unreachable).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,7 +114,8 @@ class SchedulerServiceServicer:
         DeleteJob, Explain, StreamLogs, GetJobTimeline, WatchJobs) takes a job id, a unique prefix
         of one, or the name of exactly one job the caller may see.
         Errors: NOT_FOUND, INVALID_ARGUMENT (empty, or a prefix/name that matches several jobs:
-        the message lists them). Safe to retry.
+        the message lists them), PERMISSION_DENIED (another user's job by its id). Read-only; safe
+        to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,8 +123,10 @@ class SchedulerServiceServicer:
 
     def ListJobs(self, request, context):
         """ListJobs returns jobs in creation order (or newest first), filtered and paginated from
-        each replica's in-memory index: a page costs the same at any number of jobs. Safe to retry.
-        Errors: INVALID_ARGUMENT (bad page token or page size).
+        each replica's in-memory index: a page costs the same at any number of jobs. A page holds
+        at most page_size jobs and about 2 MiB of them (at least one). Read-only; safe to retry.
+        Errors: INVALID_ARGUMENT (bad page token, page size or state), PERMISSION_DENIED (a user
+        asking for another owner's jobs).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,15 +134,18 @@ class SchedulerServiceServicer:
 
     def CancelJob(self, request, context):
         """CancelJob asks for a job to stop; the leader stops its replicas and marks it CANCELLED.
-        Idempotent: cancelling a cancelled job succeeds. Safe to retry.
-        Errors: NOT_FOUND; FAILED_PRECONDITION (the job already SUCCEEDED or FAILED).
+        Idempotent: cancelling a cancelled job (or one already being cancelled) succeeds and keeps
+        the first reason. Safe to retry.
+        Errors: NOT_FOUND; FAILED_PRECONDITION (the job already SUCCEEDED or FAILED); ABORTED (the
+        job record kept changing under ten attempts: retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteJob(self, request, context):
-        """DeleteJob removes a finished job's record and model.
+        """DeleteJob removes a finished job's record and everything stored for it (model, profile,
+        timeline).
         Errors: NOT_FOUND; FAILED_PRECONDITION (job not in a terminal state: cancel it first).
         Safe to retry (a second delete returns NOT_FOUND).
         """
@@ -146,7 +154,10 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchJobs(self, request, context):
-        """WatchJobs streams the current jobs, then every change, until the client cancels.
+        """WatchJobs streams the current jobs (oldest first), then every change, until the client
+        cancels; with job_id, that job and its changes until it is deleted. Read-only: a client
+        that lost the stream calls again and gets the current state first. Errors (with job_id):
+        NOT_FOUND, INVALID_ARGUMENT and PERMISSION_DENIED as GetJob.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,7 +165,8 @@ class SchedulerServiceServicer:
 
     def Explain(self, request, context):
         """Explain returns the last scheduling decision for a job and why it has what it has.
-        Errors: NOT_FOUND. Safe to retry.
+        Errors: NOT_FOUND, INVALID_ARGUMENT and PERMISSION_DENIED as GetJob. Read-only; safe to
+        retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,8 +185,8 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ClusterStatus(self, request, context):
-        """ClusterStatus reports nodes, GPUs, allocations, agents and the current leader.
-        Safe to retry.
+        """ClusterStatus reports nodes, GPUs, allocations, agents and the current leader, to any
+        authenticated caller. Read-only; safe to retry. Errors: UNAUTHENTICATED, UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -185,7 +197,9 @@ class SchedulerServiceServicer:
         it: clients never dial launchers, whose ports only accept the services' certificates.
         Errors: NOT_FOUND (no such job, or no node has a replica of that rank, of at least
         min_generation when set: a follower polls with it until the next generation starts),
-        UNAVAILABLE (the node's launcher does not answer).
+        UNAVAILABLE (the node's launcher does not answer, or the node is not registered),
+        INVALID_ARGUMENT and PERMISSION_DENIED as GetJob. Read-only; safe to retry (a retry sends
+        the retained tail again: set since to skip what was received).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -193,8 +207,8 @@ class SchedulerServiceServicer:
 
     def GetJobTimeline(self, request, context):
         """GetJobTimeline returns a job's sampled life (GPUs, batch size, throughput, efficiency,
-        goodput, progress over time); empty before its first report. Errors: NOT_FOUND.
-        Safe to retry.
+        goodput, progress over time); empty before its first report. Errors: NOT_FOUND,
+        INVALID_ARGUMENT and PERMISSION_DENIED as GetJob. Read-only; safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -55,8 +55,12 @@ ensure_venv() {
     fi
   fi
   local want stamp="$VENV/.pollux-install"
-  want="$(cd "$POLLUX_ROOT" && cat pyproject.toml "${DISTRIBUTIONS[@]/%//pyproject.toml}" |
-    sha256sum | cut -c1-16) [$extras]"
+  # The editable install maps each package it found: a package added since (a new directory
+  # with an __init__.py) must reinstall, or processes started outside the checkout miss it.
+  want="$(cd "$POLLUX_ROOT" && {
+    cat pyproject.toml "${DISTRIBUTIONS[@]/%//pyproject.toml}"
+    find pollux "${DISTRIBUTIONS[@]}" -name __init__.py -not -path '*/.*' | LC_ALL=C sort
+  } | sha256sum | cut -c1-16) [$extras]"
   if ! installed_covers "$stamp" "$want"; then
     local target="$POLLUX_ROOT"
     [ -n "$extras" ] && target="$POLLUX_ROOT[$extras]"
@@ -102,5 +106,32 @@ ensure_chromium() {
   if ! command -v chromium >/dev/null; then
     echo "==> installing chromium (Debian package) for the dashboard's browser test" >&2
     apt_install chromium || echo "warning: chromium not installed; the browser test will skip" >&2
+  fi
+}
+
+BUF_VERSION=1.75.0
+# The buf that lints protos/ and checks breaking changes (protos/buf.yaml): npm's
+# @bufbuild/buf, as buf's install docs give it, pinned so that every machine lints alike.
+
+ensure_buf() {
+  # tests/unit/test_protos.py runs `buf lint` and `buf breaking` with the buf installed here,
+  # in .venv/buf (it goes with the venv). Best effort: without it those tests skip, saying
+  # why, and scripts/proto_contract.py's pure-Python check still guards the contract.
+  local buf="$VENV/buf/node_modules/.bin/buf"
+  if [ -x "$buf" ] && [ "$("$buf" --version 2>/dev/null)" = "$BUF_VERSION" ]; then
+    return 0
+  fi
+  if ! command -v npm >/dev/null; then
+    echo "==> installing npm (Debian package) for buf" >&2
+    if ! apt_install nodejs npm; then
+      echo "warning: npm not installed; the buf tests will skip" >&2
+      return 0
+    fi
+  fi
+  echo "==> installing buf $BUF_VERSION (npm @bufbuild/buf) into .venv/buf" >&2
+  mkdir -p "$VENV/buf"
+  if ! npm install --prefix "$VENV/buf" --no-audit --no-fund --loglevel=error \
+    "@bufbuild/buf@$BUF_VERSION" >/dev/null; then
+    echo "warning: buf not installed; the buf tests will skip" >&2
   fi
 }

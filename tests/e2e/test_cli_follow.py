@@ -26,8 +26,17 @@ TOTAL_STEPS = 150
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    # Faithful Pollux starts a job on one GPU and doubles it: generations to follow (the
+    # default, pollux-jct, would start it on all 4 slots at once).
     with LocalCluster(
-        tmp_path, nodes=2, gpus_per_node=2, schedulers=1, agents=1, interval_s=1.0, lease_ttl_s=2
+        tmp_path,
+        nodes=2,
+        gpus_per_node=2,
+        schedulers=1,
+        agents=1,
+        interval_s=1.0,
+        lease_ttl_s=2,
+        policy="pollux",
     ) as c:
         yield c
 

@@ -70,6 +70,9 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCl
         interval_s=1.0,
         lease_ttl_s=2,
         restart_delay_s=1.0,
+        # Faithful Pollux starts a job on one GPU and doubles it: a rescale for the timeline
+        # (the default, pollux-jct, would start it on all 4 slots at once).
+        policy="pollux",
     ) as c:
         yield c
 

@@ -272,6 +272,16 @@ async def test_an_invalid_report_names_every_field_and_stores_nothing(etcd, root
     assert await store.get_model("j-1") is None
 
 
+async def test_a_report_without_a_job_id_is_invalid_and_stores_nothing(etcd, root, store):
+    await make_job(store)
+    async with running_agent(etcd, root, "agent-a") as a:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.stub.ReportMetrics(report(1, observation(1, 1, 64), job_id=""))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violations(caught.value) == ["job_id"]
+    assert await store.list_keys(store.keys.prefix(Kind.OBSERVATIONS)) == []
+
+
 async def test_an_impossible_shape_is_invalid(etcd, root, store):
     await make_job(store)
     async with running_agent(etcd, root, "agent-a") as a:

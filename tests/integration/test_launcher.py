@@ -274,6 +274,12 @@ async def test_generation_change_stops_old_replicas_before_starting_new_ones(
     got = await eventually(phases_are(store, "j-gen", {0: (2, "running"), 1: (1, "exited")}))
     assert got
     assert (await statuses(store, "j-gen"))[1].exit_code == 143
+    # A log reader gets the newest replica of a rank, or the oldest of at least a generation.
+    generation_of = {
+        minimum: getattr(app.launcher.find("j-gen", 0, minimum), "generation", None)
+        for minimum in (0, 1, 2, 3)
+    }
+    assert generation_of == {0: 2, 1: 1, 2: 2, 3: None}
 
 
 async def test_new_generation_waits_for_old_replicas_on_other_nodes(

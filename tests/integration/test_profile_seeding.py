@@ -34,8 +34,8 @@ def spec(name: str) -> pb.JobSpec:
 
 
 def seeding(etcd: EtcdServer, root: str, name: str) -> SchedulerConfig:
-    """A jct-mode scheduler's config with seeding on."""
-    base = config(etcd, root, name, mode="jct")
+    """A pollux-jct scheduler's config with seeding on."""
+    base = config(etcd, root, name, policy="pollux-jct")
     return replace(base, scheduling=replace(base.scheduling, seed_profiles=True))
 
 
@@ -156,14 +156,14 @@ async def test_only_the_owners_jobs_of_the_same_name_with_a_fit_seed_a_submissio
 
 
 @pytest.mark.parametrize(
-    ("mode", "seed_profiles"),
-    [("jct", None), ("faithful", None), ("jct", False)],
+    ("policy", "seed_profiles"),
+    [("pollux-jct", None), ("pollux", None), ("pollux-jct", False)],
     ids=["jct-default", "faithful-default", "jct-set-off"],
 )
 async def test_seeding_is_off_by_default_and_can_be_turned_off(
-    etcd: EtcdServer, root: str, store: Store, mode: str, seed_profiles: bool | None
+    etcd: EtcdServer, root: str, store: Store, policy: str, seed_profiles: bool | None
 ) -> None:
-    base = config(etcd, root, "s-noseed", mode=mode)
+    base = config(etcd, root, "s-noseed", policy=policy)
     off = base
     if seed_profiles is not None:
         off = replace(base, scheduling=replace(base.scheduling, seed_profiles=seed_profiles))

@@ -35,7 +35,9 @@ async def side_state(store: Store, job: pb.Job) -> list[bytes]:
 async def run_to_success(replica: Replica, store: Store, request_id: str) -> pb.Job:
     """Submit a one-GPU job and report its replica running, then exited 0."""
     job = (
-        await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id=request_id))
+        await replica.stub.SubmitJob(
+            spb.SubmitJobRequest(spec=spec(replicas=1), request_id=request_id)
+        )
     ).job
 
     async def allocated() -> pb.Job | None:
@@ -137,7 +139,9 @@ async def test_usage_is_accounted_per_user_and_survives_the_jobs_deletion(
     try:
         await add_node(store, "n1", 2)
         job = (
-            await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=spec(), request_id="used"))
+            await replica.stub.SubmitJob(
+                spb.SubmitJobRequest(spec=spec(replicas=1), request_id="used")
+            )
         ).job
 
         async def accounted() -> list[pb.UsageRecord]:

@@ -15,11 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
-from pollux.policy.pollux import PolluxPolicy
-from pollux.policy.tenants import Ledger
+from pollux.policy.goodput_policy import JCT_OBJECTIVE, PolluxPolicy
+from pollux.policy.registry import DEFAULT_POLICY
+from pollux.policy.tenant_shares import Ledger
 from pollux.scheduler import lifecycle
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
-from pollux.scheduler.explain import FAITHFUL_OBJECTIVE, JCT_OBJECTIVE
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
 from pollux.scheduler.scheduler import Scheduler
@@ -48,14 +48,12 @@ def spec(name: str = "train", **batch: int) -> pb.JobSpec:
     )
 
 
-def config(
-    etcd: EtcdServer, root: str, name: str, policy: str = "pollux", mode: str = "faithful"
-) -> SchedulerConfig:
+def config(etcd: EtcdServer, root: str, name: str, policy: str = DEFAULT_POLICY) -> SchedulerConfig:
     return SchedulerConfig(
         id=name,
         lease_ttl_s=2,
         etcd=EtcdConfig(endpoint=etcd.endpoint, root=root),
-        scheduling=SchedulingConfig(policy=policy, mode=mode, interval_s=0.5, debounce_s=0.05),
+        scheduling=SchedulingConfig(policy=policy, interval_s=0.5, debounce_s=0.05),
     )
 
 
@@ -210,19 +208,20 @@ async def test_round_allocates_cancel_releases_delete_removes(
 
     await eventually(allocated)
     allocations, _ = await store.list_allocations()
-    assert list(allocations[job.id].value.nodes) == ["n1"]  # a new job explores on 1 GPU
+    # The default policy (pollux-jct) starts a job that measured nothing on up to 4 GPUs.
+    assert list(allocations[job.id].value.nodes) == ["n1"] * 4
     explain = await replica.stub.Explain(spb.ExplainRequest(job_id=job.id))
     assert explain.decision.job_id == job.id
     assert explain.round.round >= 1
+    assert explain.round.policy == "pollux-jct"
     # The counterfactuals, evaluated on the live state: a job with no profile yet may use
-    # only the 1 GPU it explores on (max replicas = twice what it profiled), and without a
-    # model its goodput is unknown.
+    # only the 4 GPUs it explores on, and without a model its goodput is unknown.
     assert explain.last_change.state == pb.JOB_STATE_ALLOCATED
-    assert [(a.gpus, a.nodes) for a in explain.alternatives] == [(1, 1)]
-    assert explain.alternatives[0].speedup > 0
-    assert explain.alternatives[0].goodput == 0
+    assert [(a.gpus, a.nodes) for a in explain.alternatives] == [(3, 1), (4, 1)]
+    assert all(a.speedup > 0 for a in explain.alternatives)
+    assert all(a.goodput == 0 for a in explain.alternatives)
     assert list(explain.holders) == []  # no other job holds a GPU
-    assert explain.objective == FAITHFUL_OBJECTIVE
+    assert explain.objective == JCT_OBJECTIVE
     assert (explain.queue_position, explain.pending_jobs) == (0, 0)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await replica.stub.DeleteJob(spb.DeleteJobRequest(job_id=job.id))
@@ -334,7 +333,7 @@ async def _status_of(call: Any) -> grpc.StatusCode:
 async def test_the_jct_mode_schedules_live_with_declared_sizes(
     etcd: EtcdServer, root: str, store: Store
 ) -> None:
-    r = await Replica(store, config(etcd, root, "s-jct", mode="jct")).start()
+    r = await Replica(store, config(etcd, root, "s-jct", policy="pollux-jct")).start()
     try:
         assert isinstance(r.scheduler.policy, PolluxPolicy)
         assert r.scheduler.policy.jct is not None
@@ -353,7 +352,7 @@ async def test_the_jct_mode_schedules_live_with_declared_sizes(
 
         await eventually(both_allocated)
         explain = await r.stub.Explain(spb.ExplainRequest(job_id=ids[0]))
-        assert explain.round.policy == "pollux"
+        assert explain.round.policy == "pollux-jct"
         assert explain.objective == JCT_OBJECTIVE  # not faithful Pollux's power mean
     finally:
         await r.stop()
@@ -370,7 +369,7 @@ async def test_an_event_round_places_a_new_job_at_once(
     r = await Replica(store, cfg).start()
     try:
         await eventually(lambda: r.scheduler.last_round >= 1)  # the term's full round
-        await add_node(store, "n1", 4)
+        await add_node(store, "n1", 8)  # room for both: the default starts each on up to 4
         ids = []
         for name in ("first", "second"):
             submitted = spb.SubmitJobRequest(spec=spec(name), request_id=name)
@@ -395,13 +394,13 @@ async def test_an_event_round_places_a_new_job_at_once(
         await r.stop()
 
 
-@pytest.mark.parametrize(("mode", "gpus"), [("faithful", 1), ("jct", 4)])
+@pytest.mark.parametrize(("mode", "gpus"), [("pollux", 1), ("pollux-jct", 4)])
 async def test_a_new_job_starts_on_its_modes_first_step(
     etcd: EtcdServer, root: str, store: Store, mode: str, gpus: int
 ) -> None:
     # Pollux starts a job that has measured nothing on one GPU; the jct mode on up to its
     # exploration step (4), since a first allocation pays its start-up pause at any size.
-    cfg = config(etcd, root, f"s-start-{mode}", mode=mode)
+    cfg = config(etcd, root, f"s-start-{mode}", policy=mode)
     r = Replica(store, replace(cfg, scheduling=replace(cfg.scheduling, interval_s=30.0)))
     await r.start()
     try:
@@ -465,17 +464,24 @@ async def test_replica_reports_drive_running_and_success(replica: Replica, store
 
     await eventually(lambda: state_is(pb.JOB_STATE_ALLOCATED))
     got = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
-    status = pb.ReplicaStatus(
-        job_id=job.id,
-        node="n1",
-        rank=0,
-        generation=got.allocation.generation,
-        phase=pb.REPLICA_PHASE_RUNNING,
-    )
-    await store.put_replica_status(status)
+    # The default policy starts a new job on up to 4 GPUs: here both of n1's, one replica each.
+    assert list(got.allocation.nodes) == ["n1", "n1"]
+    statuses = [
+        pb.ReplicaStatus(
+            job_id=job.id,
+            node="n1",
+            rank=rank,
+            generation=got.allocation.generation,
+            phase=pb.REPLICA_PHASE_RUNNING,
+        )
+        for rank in range(2)
+    ]
+    for status in statuses:
+        await store.put_replica_status(status)
     await eventually(lambda: state_is(pb.JOB_STATE_RUNNING))
-    status.phase, status.exit_code = pb.REPLICA_PHASE_EXITED, 0
-    await store.put_replica_status(status)
+    for status in statuses:
+        status.phase, status.exit_code = pb.REPLICA_PHASE_EXITED, 0
+        await store.put_replica_status(status)
     await eventually(lambda: state_is(pb.JOB_STATE_SUCCEEDED))
     done = (await replica.stub.GetJob(spb.GetJobRequest(job_id=job.id))).job
     assert [pb.JobState.Name(h.state) for h in done.history] == [

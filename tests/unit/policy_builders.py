@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pollux.goodput import GoodputModel, GradParams, PerfParams
 from pollux.policy import ClusterState, JobInfo, NodeInfo
 from pollux.policy.exploration import FAITHFUL
-from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
+from pollux.policy.types import AllocationDecision, JobExplain, JobSizing, TenantSpec
 
 NOW = 3600.0
 
@@ -87,11 +87,25 @@ def random_state(rng: np.random.Generator, num_nodes: int = 8) -> ClusterState:
     return state(jobs, cluster)
 
 
-class Fixed:
+class ScriptedPolicy:
+    """A test policy: faithful Pollux's answers to the `Policy` protocol; scripts `allocate`."""
+
+    name = "scripted"
+    sizing = JobSizing.ADAPTIVE
+    exploration = FAITHFUL
+    needs_oracle = False
+    objective_text = ""
+    explain_params = None
+
+    def replica_limit(self, profiled: int, held: int, cap: int) -> int:
+        """Pollux's exploration limit within `cap`."""
+        return max(1, min(cap, FAITHFUL.limit(profiled, held)))
+
+
+class Fixed(ScriptedPolicy):
     """A policy that answers the allocations it was built with ("holds N" as each reason)."""
 
     name = "fixed"
-    exploration = FAITHFUL
 
     def __init__(self, allocations: dict[str, tuple[str, ...]]) -> None:
         self.allocations = allocations

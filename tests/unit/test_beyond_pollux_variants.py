@@ -2,7 +2,16 @@
 
 from dataclasses import replace
 
-from benchmarks.beyond_pollux import EVENT_DELAY, VARIANTS, build_tasks, make_config, parse_args
+from benchmarks.beyond_pollux import (
+    EVENT_DELAY,
+    VARIANTS,
+    build_tasks,
+    make_config,
+    parse_args,
+    variant_policy,
+)
+from pollux.policy.goodput_policy import PolluxPolicy
+from pollux.policy.registry import PolicySpec, make_policy
 
 
 def test_event_variants_run_the_live_schedulers_rounds_and_the_others_the_published_ones():
@@ -33,3 +42,15 @@ def test_the_start_1_variants_start_new_jobs_on_one_gpu_as_pollux_does():
         jct = VARIANTS[name].jct
         assert jct is not None
         assert jct.exploration == replace(mode.exploration, start=1)
+
+
+def test_supported_variants_come_from_the_registry_and_ablations_live_here_only():
+    assert variant_policy("faithful", 30.0) == make_policy(PolicySpec("pollux"))
+    assert variant_policy("jct-place", 30.0) == make_policy(PolicySpec("pollux-jct"))
+    holding = make_policy(PolicySpec("pollux-jct", jct_restart="holding", restart_delay_s=5.0))
+    assert variant_policy("jct-holding", 5.0) == holding
+    ablation = variant_policy("jct-no-weights", 30.0)
+    assert ablation.name == "pollux-jct"
+    assert isinstance(ablation, PolluxPolicy)
+    assert ablation.jct is not None
+    assert not ablation.jct.rank_weights

@@ -101,9 +101,32 @@ def test_follows_every_generation_once_with_markers_until_the_job_succeeds() -> 
     assert any("RESCALING" in m for m in markers)
     assert isinstance(events[-1], Finished)
     assert events[-1].job.state == "SUCCEEDED"
-    # Each stream after the first asks only for a newer generation, so nothing is repeated.
-    assert [c["min_generation"] for c in client.log_calls] == [0, 0, 2, 2, 3]
+    # From the job's start the first generation is asked for, each stream after it only for a
+    # newer one, so nothing is repeated.
+    assert [c["min_generation"] for c in client.log_calls] == [1, 1, 2, 2, 3]
     assert [c["follow"] for c in client.log_calls][-1] is False  # the job had ended
+
+
+def test_a_generation_that_ended_before_the_follower_came_is_still_shown() -> None:
+    # Generation 1 failed and generation 2 is running by the time the follower first asks: it
+    # asks for the oldest generation (1), then for the one after it.
+    client = ScriptedClient(
+        jobs=[job("RUNNING", 2, ("n1",), history=4), job("FAILED", 2, ("n1",), history=5)],
+        streams=[[LogChunk(1, ("first",))], [LogChunk(2, ("second",))], []],
+    )
+    events = run(client, history_from=0)
+    assert [e.text for e in events if isinstance(e, Line)] == ["first", "second"]
+    assert [c["min_generation"] for c in client.log_calls][:2] == [1, 2]
+
+
+def test_following_a_running_job_starts_at_its_newest_generation() -> None:
+    client = ScriptedClient(
+        jobs=[job("RUNNING", 3, ("n1",), history=4), job("SUCCEEDED", 3, ("n1",), history=5)],
+        streams=[[LogChunk(3, ("now",))], []],
+    )
+    events = run(client)
+    assert [e.text for e in events if isinstance(e, Line)] == ["now"]
+    assert [c["min_generation"] for c in client.log_calls] == [0, 4]
 
 
 def test_the_first_stream_alone_gets_tail_and_since() -> None:

@@ -1,7 +1,8 @@
 """How far a job may grow past what it has measured: Pollux's rule, and the jct mode's step.
 
-The same limit reaches the policy from the simulator, the live scheduler's JobInfo and the
-forecasts, so each is checked here against `pollux.policy.exploration`.
+The same limit (`Policy.replica_limit`) reaches the policy from the simulator, the live
+scheduler's JobInfo and the forecasts, so each is checked here against
+`pollux.policy.exploration`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks.wrapped import WrappedPolicy
 from pollux.goodput import SyncModel
 from pollux.policy.exploration import FAITHFUL, FAITHFUL_GROWTH, Exploration, exploration_limit
 from pollux.policy.forecast import forecast
+from pollux.policy.goodput_policy import JctParams, PolluxPolicy
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import JctParams, PolluxPolicy
 from pollux.policy.tiresias import TiresiasPolicy
-from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, PolicyInputError
+from pollux.policy.types import (
+    AllocationDecision,
+    ClusterState,
+    JobExplain,
+    JobSizing,
+    PolicyInputError,
+)
 from pollux.scheduler.cycle import cluster_state
 from pollux.service.store import Entry, Snapshot
 from pollux.sim.application import load_published_applications
-from pollux.sim.simulator import JobMode, SimJob
+from pollux.sim.simulator import SimJob
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import WorkloadJob
 from pollux.v1 import types_pb2 as pb
@@ -77,6 +85,24 @@ def test_faithful_pollux_and_the_other_policies_double_and_the_jct_mode_quadrupl
 
 
 APPS = load_published_applications(default_data_root() / "traces")
+POLICY = {
+    FAITHFUL: PolluxPolicy(),
+    Exploration(4): PolluxPolicy(jct=JctParams(explore_first=False)),
+    Exploration(4, 4): PolluxPolicy(jct=JctParams()),
+}
+"""A Pollux policy of each exploration rule."""
+
+
+def test_a_policys_replica_limit_is_its_exploration_limit_within_the_cap() -> None:
+    for rule, policy in POLICY.items():
+        assert policy.exploration == rule
+        for profiled, held in ((0, 0), (1, 0), (3, 2), (1, 8)):
+            assert policy.replica_limit(profiled, held, 64) == rule.limit(profiled, held)
+            assert policy.replica_limit(profiled, held, 3) == min(3, rule.limit(profiled, held))
+    # Optimus explores too live (its step times are predicted from what a job ran); Tiresias
+    # runs each job at its own size, so only the cap binds.
+    assert OptimusPolicy().replica_limit(1, 0, 64) == 2
+    assert TiresiasPolicy().replica_limit(0, 0, 64) == 64
 
 
 def test_the_simulator_lets_a_job_explore_by_the_policys_step() -> None:
@@ -86,7 +112,8 @@ def test_the_simulator_lets_a_job_explore_by_the_policys_step() -> None:
         (Exploration(4), (1, 4, 16)),
         (Exploration(4, 4), (4, 4, 16)),
     ):
-        sim = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR, rule)
+        limit = POLICY[rule].replica_limit
+        sim = SimJob.create(spec, APPS["cifar10"], JobSizing.ADAPTIVE, SyncModel.LINEAR, limit)
         seen = [sim.max_replicas(64)]
         sim.profile[(1, 1, 128)] = (0.1, 0.01)
         seen.append(sim.max_replicas(64))
@@ -116,30 +143,38 @@ def snapshot_with(profiled: int, held: int) -> Snapshot:
 def test_the_scheduler_hands_the_policy_the_same_limit() -> None:
     snapshot = snapshot_with(profiled=2, held=2)
     active = [snapshot.jobs["a"].value]
-    faithful = cluster_state(snapshot, active, now=60.0)
-    jct = cluster_state(snapshot, active, now=60.0, exploration=Exploration(4, 4))
+    pollux, pollux_jct = POLICY[FAITHFUL], POLICY[Exploration(4, 4)]
+    faithful = cluster_state(snapshot, active, now=60.0, policy=pollux)
+    jct = cluster_state(snapshot, active, now=60.0, policy=pollux_jct)
     assert (faithful.jobs[0].max_replicas, jct.jobs[0].max_replicas) == (4, 8)
     new = snapshot_with(profiled=0, held=0)
     fresh = [new.jobs["a"].value]
-    assert cluster_state(new, fresh, now=60.0).jobs[0].max_replicas == 1, "Pollux: one GPU"
-    first = cluster_state(new, fresh, now=60.0, exploration=Exploration(4, 4))
+    only = cluster_state(new, fresh, now=60.0, policy=pollux).jobs[0]
+    assert only.max_replicas == 1, "Pollux: one GPU"
+    first = cluster_state(new, fresh, now=60.0, policy=pollux_jct)
     assert first.jobs[0].max_replicas == 4, "the jct mode's first step"
     held = snapshot_with(profiled=1, held=6)
-    assert cluster_state(held, [held.jobs["a"].value], now=60.0).jobs[0].max_replicas == 6
+    kept = cluster_state(held, [held.jobs["a"].value], now=60.0, policy=pollux)
+    assert kept.jobs[0].max_replicas == 6
+    # Tiresias runs a job at its own size: the batch limits and the cluster bound it only.
+    tiresias = cluster_state(new, fresh, now=60.0, policy=TiresiasPolicy())
+    assert tiresias.jobs[0].max_replicas == 64
+    # Optimus gets an oracle as far as the job may explore.
+    optimus = cluster_state(new, fresh, now=60.0, policy=OptimusPolicy()).jobs[0]
+    assert optimus.oracle is not None
+    assert (optimus.max_replicas, optimus.oracle.step_time.size) == (1, 2)
 
 
-class Greedy:
+class Greedy(WrappedPolicy[None]):
     """Gives each job every GPU its limit allows on n0, and records the limits it saw."""
 
-    name = "pollux"
-
     def __init__(self, exploration: Exploration) -> None:
-        self.exploration = exploration
+        super().__init__(POLICY[exploration])  # type: ignore[arg-type]
         self.limits: list[int] = []
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: None, rng: np.random.Generator
+    ) -> AllocationDecision[None]:
         (only,) = state.jobs
         self.limits.append(only.max_replicas)
         return AllocationDecision(

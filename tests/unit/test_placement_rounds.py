@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import RoundPlan, plan_round
 from pollux.service.store import Entry, Snapshot
 from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import ScriptedPolicy
 
 WARM = object()  # a full round's warm start, which a placement round must keep
 
 
-class FirstFit:
+class FirstFit(ScriptedPolicy):
     """Gives every job it sees one GPU on the first node with room; keeps what it saw."""
 
     name = "pollux"
-    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.states: list[ClusterState] = []

@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pollux.policy.exploration import FAITHFUL
 from pollux.policy.forecast import _resized, forecast, progress_rate
-from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
-from tests.unit.policy_builders import NOW, Fixed, job, nodes, random_state, state
+from tests.unit.policy_builders import NOW, Fixed, ScriptedPolicy, job, nodes, random_state, state
 
 
 def declared(info, work):  # type: ignore[no-untyped-def]
@@ -88,11 +87,10 @@ def test_every_prediction_is_in_the_future_and_a_longer_job_alone_ends_later(see
     assert set(result.completion) <= {j.name for j in jobs if j.model is not None}
 
 
-class _Recorder:
+class _Recorder(ScriptedPolicy):
     """Wraps a policy and records the states it was asked about (what the forecast feeds it)."""
 
     name = "recorder"
-    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.seen: list[ClusterState] = []

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux.policy import PolicyInputError, TenantSpec
+from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.jct import (
     JctParams,
     expected_factor,
@@ -22,8 +23,8 @@ from pollux.policy.jct import (
     restart_penalties,
     reversal_odds,
 )
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
-from pollux.policy.problem import Problem, TenantShares
+from pollux.policy.problem import Problem
+from pollux.policy.tenant_shares import METHODS
 from pollux.policy.valuation import restart_factor
 from tests.unit.policy_builders import job, nodes, random_state, state
 
@@ -237,9 +238,9 @@ def test_a_job_about_to_finish_is_not_moved_for_a_small_gain():
     assert FAITHFUL.allocate(state([old], nodes(1)), None, RNG).allocations["done-soon"] != running
 
 
-@pytest.mark.parametrize("shares", list(TenantShares))
+@pytest.mark.parametrize("shares", list(METHODS))
 def test_jct_mode_runs_with_tenants(shares):
-    policy = PolluxPolicy(PolluxParams(tenant_shares=shares), jct=JctParams())
+    policy = PolluxPolicy(jct=JctParams(), tenant_shares=METHODS[shares])
     jobs = [replace(declared(f"j{i}", 10.0 ** (i % 4)), tenant="a" if i % 2 else "b")
             for i in range(6)]  # fmt: skip
     st_ = replace(state(jobs, nodes(4)), tenants=(TenantSpec("a", 8), TenantSpec("b", 8)))

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pollux.goodput import GoodputModel, GradParams, PerfParams
-from pollux.policy import ClusterState, JobInfo, NodeInfo
-from pollux.policy.nsga2 import (
+from benchmarks.nsga2 import (
     NsgaConfig,
     NsgaMemory,
     SearchSpace,
@@ -22,6 +20,8 @@ from pollux.policy.nsga2 import (
     tournament,
     warm_start,
 )
+from pollux.goodput import GoodputModel, GradParams, PerfParams
+from pollux.policy import ClusterState, JobInfo, NodeInfo
 from pollux.policy.problem import PolluxParams, Problem
 
 SMALL = NsgaConfig(population=20, generations=10)

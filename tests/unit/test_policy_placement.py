@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.placement import never_ran, placement_state
-from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, TenantSpec
 
 NODES = (NodeInfo("a", 4), NodeInfo("b", 4), NodeInfo("c", 2))

@@ -1,19 +1,19 @@
-"""The Pollux policy: constraints, penalty, fairness, stability, and both optimisers."""
+"""The Pollux policy: constraints, penalty, fairness, stability; the NSGA-II baseline too."""
 
 from collections import Counter
 
 import numpy as np
 import pytest
 
+from benchmarks.nsga2 import NsgaConfig, NsgaPolicy
 from pollux.policy import ClusterState, JobInfo, PolicyInputError
-from pollux.policy.nsga2 import NsgaConfig
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
+from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
 from pollux.policy.valuation import Normalisation, restart_factor
 from tests.unit.policy_builders import job, nodes, random_state, state
 
 RNG = np.random.default_rng(0)
 GREEDY = PolluxPolicy()
-NSGA = PolluxPolicy(optimizer="nsga2", nsga=NsgaConfig(population=20, generations=10))
+NSGA = NsgaPolicy(config=NsgaConfig(population=20, generations=10))
 
 
 def distributed_per_node(decision, cluster_state: ClusterState) -> Counter[str]:
@@ -153,7 +153,7 @@ def test_greedy_is_deterministic_and_nsga2_is_reproducible_per_seed():
 
 def test_greedy_objective_is_at_least_the_current_allocations():
     st = random_state(np.random.default_rng(11))
-    keep = PolluxPolicy(optimizer="nsga2", nsga=NsgaConfig(population=1, generations=1))
+    keep = NsgaPolicy(config=NsgaConfig(population=1, generations=1))
     baseline = keep.allocate(st, None, RNG).objective  # the (repaired) current allocation
     assert GREEDY.allocate(st, None, RNG).objective >= baseline
 
@@ -188,11 +188,6 @@ def test_states_a_policy_cannot_act_on_are_rejected(jobs, field):
     with pytest.raises(PolicyInputError) as err:
         GREEDY.allocate(state(jobs, nodes(2)), None, RNG)
     assert err.value.field == field
-
-
-def test_unknown_optimizer_is_rejected():
-    with pytest.raises(PolicyInputError, match="optimizer"):
-        PolluxPolicy(optimizer="simulated-annealing")  # type: ignore[arg-type]
 
 
 def test_empty_cluster_state_gives_an_empty_decision():

@@ -1,4 +1,4 @@
-"""The DEFICITS tenant-share mode: goodput owed over time tilts tenants' weights."""
+"""The deficits tenant-share method: goodput owed over time tilts tenants' weights."""
 
 import math
 from dataclasses import replace
@@ -10,13 +10,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux.policy import ClusterState, JobInfo
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
-from pollux.policy.problem import Problem, TenantShares
-from pollux.policy.tenants import HORIZON, MEMORY, MOST_TILT, Ledger, account, tilts, weigh
+from pollux.policy.goodput_policy import PolluxPolicy
+from pollux.policy.problem import Problem
+from pollux.policy.tenant_shares import Deficits
+from pollux.policy.tenant_shares.ledger import (
+    HORIZON,
+    MEMORY,
+    MOST_TILT,
+    Ledger,
+    owed_tilts,
+    settle,
+)
+from pollux.policy.tenant_shares.weights import guarantee_quota
 from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 from tests.unit.policy_builders import NOW, job, nodes, state
 
-DEFICITS = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.DEFICITS))
+DEFICITS = PolluxPolicy(tenant_shares=Deficits())
 SINGLE_POOL = PolluxPolicy()
 
 
@@ -33,7 +42,7 @@ def two_tenants(weights: tuple[float, float] = (1.0, 1.0)) -> ClusterState:
 def round_of(st_: ClusterState, speed: dict[str, float], gpus: dict[str, int]) -> tuple:
     """The round's problem and quota, and a decision giving each tenant's jobs `speed`."""
     problem = Problem(st_, DEFICITS.params)
-    quota = weigh(problem)
+    quota = guarantee_quota(problem)
     decision = AllocationDecision(
         allocations={j.name: ("n0",) * gpus[j.tenant] for j in st_.jobs},
         explain={j.name: JobExplain(speed[j.tenant], 1.0, "") for j in st_.jobs},
@@ -42,12 +51,12 @@ def round_of(st_: ClusterState, speed: dict[str, float], gpus: dict[str, int]) -
 
 
 def run(ledger: Ledger | None, st_: ClusterState, rounds: int, **decided: dict) -> list[Ledger]:
-    """`account` over `rounds` rounds 60 s apart, the same decision each round."""
+    """`settle` over `rounds` rounds 60 s apart, the same decision each round."""
     out = []
     for r in range(rounds):
         now_state = replace(st_, now=NOW + 60.0 * r)
         problem, quota, decision = round_of(now_state, decided["speed"], decided["gpus"])
-        ledger = account(ledger, quota, problem, decision)
+        ledger = settle(ledger, quota, problem, decision)
         out.append(ledger)
     return out
 
@@ -64,7 +73,7 @@ def test_a_tenant_persistently_below_its_share_gets_a_growing_weight(behind, wei
     share_a = entitled_a * (1 - behind)  # a gets only this share of the goodput, every round
     speed = {"a": share_a / 2, "b": (1 - share_a) / 2}
     ledgers = run(None, st_, 12, speed=speed, gpus={"a": 1, "b": 1})
-    factors = [tilts(ledger, ("a", "b"), p) for ledger in ledgers]
+    factors = [owed_tilts(ledger, ("a", "b"), p) for ledger in ledgers]
     a_tilt = [float(f[0]) for f in factors]
     b_tilt = [float(f[1]) for f in factors]
     assert a_tilt[0] == 1.0  # the first round's error holds until the next round
@@ -88,7 +97,7 @@ def test_the_deficit_integrates_the_relative_shortfall_over_seconds_and_decays()
     # interval counted at most HORIZON seconds, however long the scheduler was away).
     later = replace(st_, now=second.now + 10 * HORIZON)
     problem, quota, decision = round_of(later, {"a": 1.0, "b": 1.0}, {"a": 1, "b": 1})
-    third = account(second, quota, problem, decision)
+    third = settle(second, quota, problem, decision)
     expected = second.deficit["a"] * math.exp(-HORIZON / MEMORY) + second.error["a"] * HORIZON
     assert third.deficit["a"] == pytest.approx(expected)
 
@@ -116,8 +125,6 @@ def test_the_first_round_is_single_pool_pollux_and_returns_a_ledger():
     plain = SINGLE_POOL.allocate(replace(st_, tenants=()), None, np.random.default_rng(0))
     assert ours.allocations == plain.allocations
     assert isinstance(ours.memory, Ledger)
-    # Another policy's memory is ignored, not misread.
-    assert DEFICITS.allocate(st_, object(), rng).allocations == plain.allocations
 
 
 def rounds(policy: PolluxPolicy, st_: ClusterState, count: int) -> list[AllocationDecision]:

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.nsga2 import NsgaConfig, NsgaPolicy
 from pollux.policy import ClusterState, JobInfo, PolicyInputError
-from pollux.policy.nsga2 import NsgaConfig
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
-from pollux.policy.problem import TenantShares
-from pollux.policy.tenants import Tenants, entitlements
+from pollux.policy.goodput_policy import PolluxPolicy
+from pollux.policy.quota import Tenants, entitlements
+from pollux.policy.tenant_shares import Budgets, Weights
 from pollux.policy.types import AllocationDecision, TenantSpec
 from tests.unit.policy_builders import (
     THREE_TENANTS,
@@ -24,7 +24,7 @@ from tests.unit.policy_builders import (
     tenant_specs,
 )
 
-GREEDY = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.BUDGETS))  # written for BUDGETS
+GREEDY = PolluxPolicy(tenant_shares=Budgets())  # written for the budgets method
 RNG = np.random.default_rng(0)
 
 
@@ -86,7 +86,7 @@ def test_duplicate_tenants_and_nsga2_with_tenants_are_rejected():
     st_ = replace(state(tenant_jobs("a", 2), nodes(1)), tenants=(TenantSpec("a"), TenantSpec("a")))
     with pytest.raises(PolicyInputError, match="more than once"):
         allocate(st_)
-    nsga = PolluxPolicy(optimizer="nsga2", nsga=NsgaConfig(10, 2))
+    nsga = NsgaPolicy(config=NsgaConfig(10, 2))
     with pytest.raises(PolicyInputError) as err:
         nsga.allocate(replace(st_, tenants=(TenantSpec("a"),)), None, RNG)
     assert err.value.field == "tenants"
@@ -233,7 +233,7 @@ def test_a_single_uncapped_tenant_uses_the_cluster_like_no_tenants():
 
 # -- the one-level WEIGHTS mode ----------------------------------------------------------------
 
-WEIGHTED = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.WEIGHTS))
+WEIGHTED = PolluxPolicy(tenant_shares=Weights())
 
 
 def test_weights_mode_keeps_caps_and_guarantees():

@@ -1,4 +1,4 @@
-"""The ISOLATION tenant mode: each tenant at least 90 % of its goodput alone on E_t GPUs."""
+"""The isolation tenant-share method: each tenant ≥ 90 % of its goodput alone on E_t GPUs."""
 
 import math
 from collections import Counter, defaultdict
@@ -10,25 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pollux.policy import ClusterState, JobInfo
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.greedy import count_utilities
-from pollux.policy.pollux import PolluxParams, PolluxPolicy
-from pollux.policy.problem import Problem, TenantShares
-from pollux.policy.tenants import (
-    FLOOR,
-    HORIZON,
-    MEMORY,
-    TOLERANCE,
-    IntArray,
-    Ledger,
-    Quota,
-    Tenants,
-    _apportion,
-    account,
-    insure,
-    isolation,
-    secure,
-    tilts,
-)
+from pollux.policy.problem import Problem
+from pollux.policy.quota import Quota, Tenants
+from pollux.policy.registry import TENANT_SHARES
+from pollux.policy.tenant_shares import Isolation, tenant_shares
+from pollux.policy.tenant_shares.common import IntArray, apportion, isolated_goodput
+from pollux.policy.tenant_shares.isolation import FLOOR, TOLERANCE, reserve_floors, restore_floors
+from pollux.policy.tenant_shares.ledger import HORIZON, MEMORY, Ledger, owed_tilts, settle
+from pollux.policy.tenant_shares.weights import guarantee_quota
 from pollux.policy.types import AllocationDecision, JobExplain, TenantSpec
 from tests.unit.policy_builders import (
     NOW,
@@ -41,8 +32,13 @@ from tests.unit.policy_builders import (
     tenant_specs,
 )
 
-ISOLATION = PolluxPolicy(PolluxParams(tenant_shares=TenantShares.ISOLATION))
+ISOLATION = PolluxPolicy(tenant_shares=Isolation())
 SINGLE_POOL = PolluxPolicy()
+
+
+def insure(problem: Problem, utilities: np.ndarray) -> Quota:
+    """The isolation method's quota: guarantee and cap budgets with the floors reserved."""
+    return reserve_floors(problem, utilities, guarantee_quota(problem))
 
 
 def tenant_jobs(tenant: str, count: int, **kwargs: object) -> list[JobInfo]:
@@ -68,7 +64,7 @@ def per_tenant(
 def alone(st_: ClusterState) -> dict[str, float]:
     """Each tenant's isolated goodput I_t in the policy's unit."""
     problem = Problem(st_, ISOLATION.params)
-    result = isolation(problem, count_utilities(problem)[0])
+    result = isolated_goodput(problem, count_utilities(problem)[0])
     return dict(zip(Tenants.of_state(st_).names, result.goodput.tolist(), strict=True))
 
 
@@ -76,7 +72,7 @@ def test_isolated_goodput_of_a_lone_tenant_is_its_goodput_on_the_whole_cluster()
     jobs = tenant_jobs("a", 3, max_replicas=16)
     st_ = replace(state(jobs, nodes(4)), tenants=(TenantSpec("a"),))
     problem = Problem(st_, ISOLATION.params)
-    result = isolation(problem, count_utilities(problem)[0])
+    result = isolated_goodput(problem, count_utilities(problem)[0])
     assert result.entitled.tolist() == [16.0]
     assert result.curves[0][0][-1] <= 16
     _, good = per_tenant(allocate(SINGLE_POOL, replace(st_, tenants=())), st_)
@@ -103,8 +99,8 @@ def test_floors_reach_the_fraction_within_the_entitlement_and_fit(
     st_ = labelled(base, "abc", tenant_specs(guarantees, weights, caps))
     problem = Problem(st_, ISOLATION.params)
     utilities = count_utilities(problem)[0]
-    result = isolation(problem, utilities)
-    need = result.needs()
+    result = isolated_goodput(problem, utilities)
+    need = result.needs(FLOOR)
     for t, (gpus, good) in enumerate(result.curves):
         assert need[t] <= int(result.entitled[t] + 1e-9)
         at = good[np.searchsorted(gpus, need[t], side="right") - 1]
@@ -118,7 +114,7 @@ def test_floors_reach_the_fraction_within_the_entitlement_and_fit(
 
 def test_tenants_single_pool_serves_well_are_not_constrained() -> None:
     # Two equal tenants with the same jobs: single-pool Pollux already gives each its floor,
-    # so the ISOLATION round is the single-pool round.
+    # so the isolation round is the single-pool round.
     jobs = tenant_jobs("a", 4, max_replicas=16) + tenant_jobs("b", 4, max_replicas=16)
     plain = state(jobs, nodes(8))
     st_ = replace(plain, tenants=(TenantSpec("a"), TenantSpec("b")))
@@ -162,9 +158,6 @@ def test_each_round_returns_the_ledger_of_shares_owed() -> None:
     first = allocate(ISOLATION, equal_tenants())
     assert isinstance(first.memory, Ledger)
     assert first.memory.deficit == {"a": 0.0, "b": 0.0}
-    # Another policy's memory is ignored, not misread.
-    other = ISOLATION.allocate(equal_tenants(), object(), np.random.default_rng(0))
-    assert other.allocations == first.allocations
 
 
 @pytest.mark.parametrize(
@@ -186,18 +179,18 @@ def test_only_a_mean_share_beyond_the_tolerance_is_owed(share_a: float, beyond: 
         problem = Problem(replace(st_, now=NOW + 60.0 * r), ISOLATION.params)
         quota = insure(problem, count_utilities(problem)[0])
         assert (quota.usage([4] * 8) > quota.floor).all()
-        ledger = account(ledger, quota, problem, decision)
+        ledger = settle(ledger, quota, problem, decision)
     assert ledger is not None
     assert ledger.contending == {"a", "b"}
     span = ledger.span["a"]
     assert span == pytest.approx(sum(60.0 * math.exp(-60.0 * k / MEMORY) for k in range(5)))
     assert ledger.deficit["a"] == pytest.approx((1 - share_a / 0.5) * span)
     p = ISOLATION.params.p
-    a, b = tilts(ledger, ("a", "b"), p, TOLERANCE)
+    a, b = owed_tilts(ledger, ("a", "b"), p, TOLERANCE)
     assert a == pytest.approx(math.exp((1 - p) * beyond * span / HORIZON))
     assert b == pytest.approx(1 / a)
-    # DEFICITS owes every second of it.
-    plain = tilts(ledger, ("a", "b"), p)[0]
+    # The deficits method owes every second of it.
+    plain = owed_tilts(ledger, ("a", "b"), p)[0]
     assert plain == pytest.approx(math.exp((1 - p) * (1 - share_a / 0.5) * span / HORIZON))
 
 
@@ -232,14 +225,14 @@ def test_the_span_counts_only_seconds_in_which_shares_were_compared() -> None:
         )
 
     # b's jobs hold all they may use (16): only a contends, so no shares are compared.
-    alone_a = account(None, quota, problem, decided(16))
+    alone_a = settle(None, quota, problem, decided(16))
     assert alone_a.contending == frozenset()
     later = Problem(replace(st_, now=NOW + 60.0), ISOLATION.params)
-    after = account(alone_a, quota, later, decided(4))
+    after = settle(alone_a, quota, later, decided(4))
     assert after.span == {"a": 0.0, "b": 0.0}
     assert after.contending == {"a", "b"}
     last = Problem(replace(st_, now=NOW + 120.0), ISOLATION.params)
-    assert account(after, quota, last, decided(4)).span["a"] == pytest.approx(60.0)
+    assert settle(after, quota, last, decided(4)).span["a"] == pytest.approx(60.0)
 
 
 def test_a_round_with_no_nodes_or_no_jobs_keeps_the_ledger() -> None:
@@ -248,7 +241,7 @@ def test_a_round_with_no_nodes_or_no_jobs_keeps_the_ledger() -> None:
     assert ISOLATION.allocate(no_nodes, owed, np.random.default_rng(0)).memory is owed
     no_jobs = replace(equal_tenants(), jobs=())
     assert ISOLATION.allocate(no_jobs, owed, np.random.default_rng(0)).memory is owed
-    assert ISOLATION.allocate(no_jobs, object(), np.random.default_rng(0)).memory is None
+    assert ISOLATION.allocate(no_jobs, None, np.random.default_rng(0)).memory is None
 
 
 def test_guarantees_and_caps_still_hold() -> None:
@@ -260,14 +253,15 @@ def test_guarantees_and_caps_still_hold() -> None:
     assert gpus["b"] <= 6
 
 
-def test_the_mode_is_selectable_and_the_default() -> None:
-    assert TenantShares("isolation") is TenantShares.ISOLATION
-    assert PolluxParams().tenant_shares is TenantShares.ISOLATION  # the default
+def test_the_method_is_selectable_and_the_default() -> None:
+    assert tenant_shares("isolation") == Isolation()
+    assert PolluxPolicy().tenant_shares == Isolation()  # the default
+    assert TENANT_SHARES[0] == "isolation"
 
 
 def test_a_floor_squeezed_by_two_other_tenants_is_restored() -> None:
     # Each tenant may hold its cap less the others' floors, so b and c together can take
-    # a's floor; `secure` holds them to less and searches again.
+    # a's floor; `restore_floors` holds them to less and searches again.
     jobs = [replace(job(name, max_replicas=16, noise=500.0), tenant=name) for name in "abc"]
     st_ = replace(state(jobs, nodes(4)), tenants=tuple(TenantSpec(n) for n in "abc"))
     problem = Problem(st_, ISOLATION.params)
@@ -280,7 +274,7 @@ def test_a_floor_squeezed_by_two_other_tenants_is_restored() -> None:
         budgets.append(q.budget.copy())
         return np.array([[0, 0, 0, 4], [4, 4, 0, 0], [0, 0, 4, 0]])  # a: 4, b: 8, c: 4
 
-    final, placed = secure(problem, quota, squeezed, search)
+    final, placed = restore_floors(problem, quota, squeezed, search)
     lack = quota.floor[0] - 1
     tight = budgets[0]
     assert tight[0] == quota.budget[0]
@@ -296,7 +290,7 @@ def test_a_repair_that_does_not_help_is_not_kept() -> None:
     problem = Problem(st_, ISOLATION.params)
     quota = insure(problem, count_utilities(problem)[0])
     squeezed = np.array([[1, 0, 0, 0], [3, 4, 0, 0], [0, 0, 4, 4]])
-    final, placed = secure(problem, quota, squeezed, lambda q: squeezed)
+    final, placed = restore_floors(problem, quota, squeezed, lambda q: squeezed)
     assert final is quota
     assert placed is squeezed
 
@@ -305,7 +299,7 @@ def test_a_repair_that_does_not_help_is_not_kept() -> None:
 def test_apportion_splits_whole_units_in_proportion(amount: int, weights: list[int]) -> None:
     w = np.array(weights, dtype=np.int64)
     amount = min(amount, int(w.sum()))
-    out = _apportion(amount, w)
+    out = apportion(amount, w)
     assert out.sum() == amount
     assert (out <= w).all()
     if w.sum():

@@ -300,17 +300,15 @@ def test_no_jobs_gives_an_empty_decision_and_clock() -> None:
             [job("a", 1), JobInfo(name="b", submission_time=0.0)],
             "jobs[b].target_replicas",
         ),
-        ({"queue_0": ()}, 0.0, [job("a", 1)], "memory"),
         (remembered("a"), -1.0, [job("a", 1)], "now"),
     ],
     ids=[
         "a job without a fixed GPU demand",
-        "memory that Tiresias did not produce",
         "a round earlier than the remembered one",
     ],
 )
 def test_bad_input_is_rejected_naming_the_field(
-    memory: object, now: float, jobs: list[JobInfo], want_field: str
+    memory: TiresiasMemory | None, now: float, jobs: list[JobInfo], want_field: str
 ) -> None:
     state = ClusterState(now=now, nodes=cluster(4), jobs=tuple(jobs))
     with pytest.raises(PolicyInputError) as err:

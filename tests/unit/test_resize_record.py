@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import plan_round
 from pollux.service.store import Entry, Snapshot
 from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import ScriptedPolicy
 
 
-class Sizes:
+class Sizes(ScriptedPolicy):
     """A policy that gives job "a" the next size of a script and remembers what it saw."""
 
     name = "sizes"
-    exploration = FAITHFUL
 
     def __init__(self) -> None:
         self.size = 0

@@ -9,21 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.wrapped import WrappedPolicy
 from pollux.agent.profile import perf_to_pb
 from pollux.goodput import best_batch
+from pollux.policy.goodput_policy import (
+    FAITHFUL_OBJECTIVE,
+    JCT_OBJECTIVE,
+    JctParams,
+    PolluxPolicy,
+)
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import JctParams, PolluxPolicy
 from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.tenant_shares import Ledger
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import AllocationDecision, ClusterState
 from pollux.scheduler.cycle import declared_work, goodput_model, seconds_left
 from pollux.scheduler.estimate import NEW_JOB, estimate, reference_work
-from pollux.scheduler.explain import (
-    FAITHFUL_OBJECTIVE,
-    JCT_OBJECTIVE,
-    counterfactual,
-    objective_text,
-)
+from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.servicer import last_change
 from pollux.v1 import types_pb2 as pb
 from tests.unit.policy_builders import job, nodes, random_state, state
@@ -202,19 +204,16 @@ def test_an_estimate_forecasts_the_new_job_beside_the_running_ones() -> None:
         estimate(quiet, PolluxPolicy(), new, pb.JobModel(), round_s=60.0, restart_delay_s=30.0)
 
 
-class FirstLimits:
+class FirstLimits(WrappedPolicy[Ledger]):
     """A Pollux policy that records the new job's replica limit in each forecast round."""
 
-    name = "pollux"
-
     def __init__(self, inner: PolluxPolicy) -> None:
-        self.inner = inner
-        self.exploration = inner.exploration
+        super().__init__(inner)
         self.limits: list[int] = []
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: Ledger | None, rng: np.random.Generator
+    ) -> AllocationDecision[Ledger]:
         self.limits += [j.max_replicas for j in state.jobs if j.name == NEW_JOB]
         return self.inner.allocate(state, memory, rng)
 
@@ -241,8 +240,8 @@ def test_an_estimate_starts_the_new_job_as_the_policy_starts_one(
 
 
 def test_explain_says_which_objective_the_policy_maximises() -> None:
-    assert objective_text(PolluxPolicy()) == FAITHFUL_OBJECTIVE
+    assert PolluxPolicy().objective_text == FAITHFUL_OBJECTIVE
     assert "p = -1" in FAITHFUL_OBJECTIVE
-    assert objective_text(PolluxPolicy(jct=JctParams())) == JCT_OBJECTIVE
+    assert PolluxPolicy(jct=JctParams()).objective_text == JCT_OBJECTIVE
     assert "remaining-time rank" in JCT_OBJECTIVE
-    assert objective_text(OptimusPolicy()) == objective_text(TiresiasPolicy()) == ""
+    assert OptimusPolicy().objective_text == TiresiasPolicy().objective_text == ""

@@ -25,7 +25,7 @@ def test_run_writes_the_published_summary_format_and_round_logs(tmp_path, capsys
     assert summary["avgs"]["workload-6"] == pytest.approx(3469.69375)
     assert len(summary["jcts"]["workload-6"]) == 160
     info = json.loads((out / "run.json").read_text())
-    assert (info["policy"], info["mode"], info["load"]) == ("tiresias", "faithful", "1.0")
+    assert (info["policy"], info["mode"], info["load"]) == ("tiresias", "periodic", "1.0")
     first = json.loads((out / "workload-6.jsonl").open().readline())
     assert {"timestamp", "num_nodes", "num_gpus", "submitted_jobs"} <= set(first)
     assert "mean of workload averages: 3469.7 s" in capsys.readouterr().out

@@ -11,12 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.wrapped import WrappedPolicy
 from pollux.goodput import SyncModel
+from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
 from pollux.policy.placement import never_ran
-from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.types import JobSizing, TenantSpec
 from pollux.sim.application import load_published_applications
-from pollux.sim.simulator import JobMode, SimConfig, SimJob, simulate
+from pollux.sim.simulator import SimConfig, SimJob, simulate
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import WorkloadJob
 
@@ -118,13 +120,11 @@ def test_an_event_delay_outside_the_round_interval_is_rejected(delay):
         SimConfig(interval=60.0, event_delay=delay)
 
 
-class Recording:
-    """The Pollux policy, keeping every state it was asked to plan."""
+class Recording(WrappedPolicy):
+    """A policy, keeping every state it was asked to plan."""
 
     def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-        self.exploration = inner.exploration
+        super().__init__(inner)
         self.states = []
 
     def allocate(self, state, memory, rng):
@@ -166,6 +166,27 @@ def test_with_placement_rounds_a_job_that_ran_is_moved_only_by_a_periodic_round(
     assert moves > 0  # the workload does rescale jobs
 
 
+def test_with_tenants_every_round_is_full_and_restarts_the_periodic_clock():
+    # As live (`pollux.policy.rounds`): a placement round cannot see a tenant's GPUs elsewhere.
+    policy = Recording(PolluxPolicy())
+    tenants = (TenantSpec("a", guarantee_gpus=2), TenantSpec("b"))
+    workload = [replace(job, tenant="ab"[i % 2]) for i, job in enumerate(WORKLOAD)]
+    rounds = []
+    simulate(workload, APPS, policy, replace(PLACE, tenants=tenants), on_round=rounds.append)
+    times = [r["timestamp"] for r in rounds]
+    assert any(not on_the_interval(t) for t in times)  # event rounds ran
+    for state in policy.states:
+        assert state.tenants == tenants
+        assert sum(n.gpus for n in state.nodes) == PLACE.nodes * PLACE.gpus_per_node
+    gaps = list(itertools.pairwise(times))
+    assert all(after - before <= PLACE.interval + 1e-9 for before, after in gaps)
+    # A periodic round an interval after an event's round, off the grid: the event's full
+    # round restarted the clock (with placement rounds the periodic ones stay on the grid).
+    assert any(
+        after - before == PLACE.interval and not on_the_interval(after) for before, after in gaps
+    )
+
+
 def test_event_rounds_other_than_full_and_place_are_rejected():
     with pytest.raises(ValueError, match="event_rounds must be one of"):
         replace(EVENTS, event_rounds="grow")
@@ -176,7 +197,7 @@ def test_event_rounds_other_than_full_and_place_are_rejected():
 @pytest.mark.parametrize("app", ["cifar10", "bert", "ncf"])
 def test_the_predicted_finish_is_exact_in_the_last_epoch(app):
     spec = WorkloadJob(f"{app}-0", 0.0, app, 1, 128)
-    job = SimJob.create(spec, APPS[app], JobMode.ADAPTIVE, SyncModel.LINEAR)
+    job = SimJob.create(spec, APPS[app], JobSizing.ADAPTIVE, SyncModel.LINEAR)
     job.reallocate((0, 0), restart_delay=30.0)
     while job.epoch < job.app.completion_epoch:  # to the start of the last epoch
         job.step(max(1.0, math.ceil(job.seconds_to_epoch_end(0.0))), 0.0)
@@ -193,7 +214,7 @@ def test_the_predicted_finish_is_exact_in_the_last_epoch(app):
 
 def test_a_job_without_gpus_never_finishes():
     spec = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
-    job = SimJob.create(spec, APPS["cifar10"], JobMode.ADAPTIVE, SyncModel.LINEAR)
+    job = SimJob.create(spec, APPS["cifar10"], JobSizing.ADAPTIVE, SyncModel.LINEAR)
     assert job.seconds_to_finish(0.0) == math.inf
 
 

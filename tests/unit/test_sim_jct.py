@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from pollux.goodput import SyncModel
-from pollux.policy.pollux import JctParams, PolluxPolicy
+from pollux.policy.goodput_policy import JctParams, PolluxPolicy
+from pollux.policy.registry import make_policy
+from pollux.policy.types import JobSizing
 from pollux.sim.application import load_published_applications
-from pollux.sim.runner import MODES, make_policy, spec_for
-from pollux.sim.simulator import JobMode, SimConfig, SimJob, _seed_profiles, simulate
+from pollux.sim.runner import spec_for
+from pollux.sim.simulator import SimConfig, SimJob, _seed_profiles, simulate
 from pollux.sim.traces import default_data_root
 from pollux.sim.workload import WorkloadJob
 
@@ -27,7 +29,7 @@ NAMES = ["n0", "n1"]
 
 def sim_job(app: str = "cifar10", name: str = "cifar10-0") -> SimJob:
     spec = WorkloadJob(name, 0.0, app, 1, 128)
-    return SimJob.create(spec, APPS[app], JobMode.ADAPTIVE, SyncModel.LINEAR)
+    return SimJob.create(spec, APPS[app], JobSizing.ADAPTIVE, SyncModel.LINEAR)
 
 
 @pytest.mark.parametrize(
@@ -113,18 +115,18 @@ def test_the_jct_mode_completes_every_job(undeclared):
     assert all(np.isfinite(v) and v > 0 for v in result.jcts.values())
 
 
-def test_the_runner_offers_the_jct_mode_for_pollux_only():
-    assert MODES == ("faithful", "jct")
-    policy, config = make_policy("pollux", "jct")
+def test_the_runner_runs_the_jct_mode_as_its_own_policy_with_the_same_simulator_settings():
+    jct, faithful = spec_for("pollux-jct"), spec_for("pollux")
+    assert jct.config == faithful.config, "same simulator settings"
+    policy = make_policy(jct.policy)
     assert isinstance(policy, PolluxPolicy)
     assert policy.jct == JctParams()
-    assert config == make_policy("pollux", "faithful")[1], "same simulator settings"
-    faithful, _ = make_policy("pollux", "faithful")
-    assert isinstance(faithful, PolluxPolicy)
-    assert faithful.jct is None
-    with pytest.raises(ValueError, match="pollux"):
-        make_policy("optimus", "jct")
-    assert spec_for("pollux", "jct", interval=120.0).config.interval == 120.0
+    assert make_policy(faithful.policy) == PolluxPolicy()
+    with pytest.raises(ValueError, match="pollux-jct, pollux, optimus, tiresias"):
+        spec_for("jct")
+    slow = spec_for("pollux-jct", interval=120.0, restart_delay=45.0)
+    assert slow.config.interval == 120.0
+    assert slow.policy.restart_delay_s == 45.0, "the policy prices the simulator's delay"
 
 
 def test_a_job_adopts_what_other_runs_of_its_model_measured():

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pollux.policy.exploration import FAITHFUL
-from pollux.policy.pollux import PolluxPolicy
+from benchmarks.wrapped import WrappedPolicy
+from pollux.policy.goodput_policy import PolluxPolicy
+from pollux.policy.registry import PolicySpec
+from pollux.policy.tenant_shares import Ledger
 from pollux.policy.types import AllocationDecision, ClusterState, TenantSpec
 from pollux.sim.application import load_published_applications
 from pollux.sim.cli import parse_tenant
@@ -30,21 +32,18 @@ WORKLOAD = [
 ]
 
 
-class Spy:
+class Spy(WrappedPolicy[Ledger]):
     """The Pollux policy, keeping every state it was asked about."""
 
-    name = "pollux"
-    exploration = FAITHFUL
-
     def __init__(self) -> None:
-        self.policy = PolluxPolicy()
+        super().__init__(PolluxPolicy())
         self.states: list[ClusterState] = []
 
     def allocate(
-        self, state: ClusterState, memory: object | None, rng: np.random.Generator
-    ) -> AllocationDecision:
+        self, state: ClusterState, memory: Ledger | None, rng: np.random.Generator
+    ) -> AllocationDecision[Ledger]:
         self.states.append(state)
-        return self.policy.allocate(state, memory, rng)
+        return self.inner.allocate(state, memory, rng)
 
 
 def test_hash_assignment_depends_on_the_name_only_and_round_robin_balances():
@@ -134,7 +133,7 @@ def test_the_runner_assigns_tenants_by_hash_and_records_them(tmp_path: Path):
         )
     )
     specs = (TenantSpec("a", cap_gpus=1), TenantSpec("b", weight=2.0))
-    spec = RunSpec("pollux", "faithful", replace(SMALL, tenants=specs))
+    spec = RunSpec(PolicySpec("pollux"), replace(SMALL, tenants=specs))
     summary = run(csv, spec, tmp_path / "out", processes=1)
     assert set(summary["jcts"]["w"]) == {j.name for j in WORKLOAD[:3]}
     info = json.loads((tmp_path / "out" / "run.json").read_text())

@@ -7,7 +7,6 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pollux.policy.exploration import FAITHFUL
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import MAX_DECISION_BYTES, plan_round
 from pollux.scheduler.lifecycle import MAX_REASON_CHARS, MAX_RECENT_HISTORY, S, transition
@@ -24,6 +23,7 @@ from pollux.service.store import (
     txn_bytes,
 )
 from pollux.v1 import types_pb2 as pb
+from tests.unit.policy_builders import ScriptedPolicy
 
 
 def submitted(job_id: str = "j-1", at: float = 0.0) -> pb.Job:
@@ -66,11 +66,10 @@ def test_a_long_reason_is_clipped_with_an_ellipsis():
 # -- decision records -------------------------------------------------------------------------
 
 
-class GiveFirstJobs:
+class GiveFirstJobs(ScriptedPolicy):
     """A policy that gives one GPU each to the first `holders` jobs, with a very long reason."""
 
     name = "test"
-    exploration = FAITHFUL
 
     def __init__(self, holders: int) -> None:
         self.holders = holders

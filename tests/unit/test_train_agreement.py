@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pollux.train import BatchConfig, InvalidValueError
-from pollux.train.agreement import Agreement, combine
+from pollux.train.agreement import Agreement, Agreements, AgreementSchedule, combine
 from pollux.train.schedule import MAX_AGREEMENT_STEPS
 
 configs = st.builds(
@@ -86,3 +86,91 @@ def test_bad_values_are_refused():
         Agreement(next_in=-1)
     with pytest.raises(InvalidValueError, match="6 floats"):
         Agreement.decode([0.0] * 7)
+
+
+# -- the protocol of several replicas, with the collective simulated ---------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class SimulatedSum:
+    """A SUM all-reduce over `n` simulated replicas: the result waits for every contribution."""
+
+    def __init__(self, n):
+        self.n = n
+        self.contributions = []
+
+    def start(self, values, tail):
+        contribution = list(values) + ([] if tail is None else list(tail))
+        self.contributions.append(contribution)
+        pending = self
+
+        class Pending:
+            def result(self):
+                assert len(pending.contributions) == pending.n, "a replica did not contribute"
+                return summed(pending.contributions)
+
+        return Pending()
+
+
+def replicas(n, *, stop=(), proposal=None, clock=None, period_s=1.0):
+    """`n` replicas' `Agreements` sharing one simulated all-reduce."""
+    collective = SimulatedSum(n)
+    return [
+        Agreements(
+            rank=rank,
+            world_size=n,
+            schedule=AgreementSchedule(period_s, clock or Clock()),
+            stop_requested=lambda rank=rank: rank in stop,
+            proposal=lambda: proposal,
+            start_sum=collective.start,
+        )
+        for rank in range(n)
+    ], collective
+
+
+def test_replicas_agree_on_the_leaders_config_and_any_stop_and_sum_their_tails():
+    config = BatchConfig(local_bsz=32, accum_steps=2)
+    parts, _ = replicas(3, stop={2}, proposal=config)
+    pending = [p.start([float(p.rank), 1.0]) for p in parts]
+    outcomes = [p.settle(pending[p.rank]) for p in parts]
+    for agreed, tail in outcomes:
+        assert agreed is not None
+        assert agreed.stop
+        assert agreed.config == config  # followers never propose: only rank 0's counts
+        assert tail == [0.0 + 1.0 + 2.0, 3.0]
+
+
+def test_a_step_without_an_agreement_counts_down_to_the_next_one():
+    clock = Clock()
+    parts, _ = replicas(2, clock=clock, period_s=1.0)
+    clock.now += 0.25  # a step of 0.25 s: the leader asks for the next agreement in 4 steps
+    pending = [p.start() for p in parts]
+    for p in parts:
+        agreed, _ = p.settle(pending[p.rank])
+        assert agreed is not None
+        assert agreed.next_in == 4
+        assert p.schedule.until == 4
+    for p in parts:
+        assert p.settle(None) == (None, [])
+        assert p.schedule.until == 3  # every replica counts alike, without communication
+
+
+def test_one_replica_agrees_with_itself_after_every_step():
+    config = BatchConfig(local_bsz=8)
+    (alone,), _ = replicas(1, stop={0}, proposal=config)
+    agreed, tail = alone.settle(None)
+    assert agreed == Agreement(stop=True, config=config)
+    assert tail == []
+
+
+def test_the_schedule_starts_with_an_agreement_and_refuses_a_negative_period():
+    assert AgreementSchedule(1.0).until == 1
+    with pytest.raises(InvalidValueError, match="agreement_period_s"):
+        AgreementSchedule(-1.0)

@@ -9,7 +9,9 @@ torch = pytest.importorskip("torch")
 import structlog  # noqa: E402
 
 from pollux.train import CheckpointError, CheckpointManager, Preempted, StopSignal  # noqa: E402
+from pollux.train.distributed import Replicas  # noqa: E402
 from pollux.train.preemption import (  # noqa: E402
+    PlannedStop,
     any_replica,
     load_agreed_checkpoint,
     periodic_checkpoint_due,
@@ -88,3 +90,56 @@ def test_a_stop_whose_checkpoint_fails_closes_and_raises_the_failure(tmp_path):
     with pytest.raises(CheckpointError, match="disk full"):
         stop(failing, closed, tmp_path)
     assert closed == [True]
+
+
+def planned_stop(tmp_path, saved, closed):
+    replicas = Replicas(0, 1, 1, CPU, CPU)
+    return PlannedStop(
+        replicas,
+        CheckpointManager(tmp_path),
+        save=lambda: saved.append(True) or tmp_path / "checkpoint.pt",
+        close=lambda: closed.append(True),
+        position=lambda: {"epoch": 1, "position": 0, "progress": 2.0},
+        log=log,
+    )
+
+
+def test_a_planned_stop_does_nothing_until_requested_then_checkpoints_and_exits(tmp_path):
+    saved, closed = [], []
+    stop_ = planned_stop(tmp_path, saved, closed)
+    stop_.check()
+    assert saved == []
+    stop_.signal.request()
+    with pytest.raises(Preempted):
+        stop_.check()
+    assert saved == [True]
+    assert closed == [True]
+
+
+def test_a_stop_agreed_elsewhere_is_dated_here_for_the_next_allocation(tmp_path):
+    stop_ = planned_stop(tmp_path, [], [])
+    assert stop_.signal.requested_at is None
+    with pytest.raises(Preempted):
+        stop_.stop()  # the replicas agreed on another replica's request
+    assert stop_.signal.requested_at is not None
+
+
+def test_the_rescale_pause_runs_from_the_previous_request_and_is_never_negative(tmp_path):
+    stop_ = planned_stop(tmp_path, [], [])
+    assert stop_.rescale_pause_s(100.0) is None  # a fresh start paid no rescale
+    stop_.previous_request = 90.0
+    with structlog.testing.capture_logs() as logs:
+        assert stop_.rescale_pause_s(100.0) == 10.0
+    assert [e["event"] for e in logs] == ["rescale_pause"]
+    assert stop_.rescale_pause_s(80.0) == 0.0  # clocks of two nodes disagree
+
+
+def test_the_handler_is_installed_only_when_wanted_and_removed_again(tmp_path):
+    stop_ = planned_stop(tmp_path, [], [])
+    before = signal.getsignal(signal.SIGTERM)
+    stop_.install(False)
+    assert signal.getsignal(signal.SIGTERM) == before
+    stop_.install(True)
+    assert signal.getsignal(signal.SIGTERM) != before
+    stop_.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before

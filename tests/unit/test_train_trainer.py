@@ -89,7 +89,7 @@ def test_state_that_could_not_be_loaded_back_is_refused_before_anything_is_writt
 
 def test_registered_tensor_state_round_trips(tmp_path):
     first = trainer(tmp_path, extra_state={"ema": TensorState()})
-    first._extra["ema"].value = torch.tensor([1.0, 2.0])
+    first._checkpoints.extra["ema"].value = torch.tensor([1.0, 2.0])
     train_steps(first, 2)
     first.save()
     first.close()

@@ -112,7 +112,9 @@ def follow(
         PolluxError: The job cannot be read (deleted, no scheduler reachable).
     """
     watch = _JobWatch(client, client.get_job(job_ref), history_from, poll_s, clock)
-    next_generation = 0  # 0: the newest replica of the rank, whichever generation
+    # 0: the newest replica of the rank; a follower from the job's start (history_from 0) asks
+    # for the oldest instead, so that a generation that ended before it got there is shown too.
+    next_generation = 1 if history_from == 0 else 0
     first_stream = True
     while True:
         yield from watch.news(refresh=False)

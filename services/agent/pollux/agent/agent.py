@@ -7,9 +7,8 @@ report path. A stale cache is harmless: the write then fails its compare, the ag
 and applies the report again. Within one agent, operations on a job are serialised by a per-job
 lock, so a job's replicas reporting to their owner never conflict with each other.
 
-Reports are bounded before they are merged (`report_bounds`: what a report may claim against
-its job's limits and its replica's earlier reports, how much it may weigh); the per-replica
-time budgets are this agent's memory.
+A report is validated by `report_check.check_report` before it is merged (against its job's
+limits and its replica's earlier reports); the per-replica time budgets are this agent's memory.
 """
 
 from __future__ import annotations
@@ -26,21 +25,22 @@ import structlog
 from pollux.agent.batch_config import BatchConfigError, choose
 from pollux.agent.config import AgentConfig
 from pollux.agent.profile import (
-    Limits,
+    already_applied,
     build_model,
     can_fit,
     fit_profile,
     merge_report,
     observation_count,
     perf_to_pb,
+    report_weights,
     shape_key,
     with_config,
 )
-from pollux.agent.report_bounds import (
+from pollux.agent.report_check import (
+    JobBounds,
     ReplicaBudgets,
-    check_against_job,
+    check_report,
     claimed_seconds,
-    report_weights,
 )
 from pollux.agent.timeline import appended, point_of
 from pollux.goodput import GoodputError
@@ -99,8 +99,8 @@ class _Cached:
     profile: Entry[pb.ObservationProfile] | None
     model: pb.JobModel | None
     limits: pb.BatchLimits
-    max_replicas: int = 0
-    """The job's replica limit (0: none), which reports are checked against."""
+    bounds: JobBounds
+    """What the job's reports are checked against (its batch and replica limits)."""
     timeline: pb.JobTimeline | None = None
     """The job's timeline as written with the profile (None before its first point)."""
 
@@ -137,7 +137,7 @@ class Agent:
         self._last_fit: dict[str, float] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._budgets = ReplicaBudgets()
-        """Training seconds each replica may still claim (report_bounds.ReplicaBudgets)."""
+        """Training seconds each replica may still claim (report_check.ReplicaBudgets)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class Agent:
             profile,
             model.value if model else None,
             spec.batch,
-            spec.max_replicas,
+            JobBounds.of(spec.batch, spec.max_replicas),
             timeline.value if timeline else None,
         )
         self._remember(job_id, state)
@@ -310,7 +310,7 @@ class Agent:
                 entry,
                 model or state.model,
                 state.limits,
-                state.max_replicas,
+                state.bounds,
                 timeline or state.timeline,
             ),
         )
@@ -322,11 +322,12 @@ class Agent:
     # -- operations ----------------------------------------------------------------------------
 
     async def report_metrics(self, request: api.ReportMetricsRequest) -> ReportOutcome:
-        """Merge a validated report into the job's profile, refit if due, publish the model.
+        """Validate a report, merge it into the job's profile, refit if due, publish the model.
 
         Raises:
-            InvalidArgument: The report breaks its job's limits or claims more training time
-                than its replica can have had (report_bounds); nothing was applied.
+            InvalidArgument: The report is malformed, implausible, breaks its job's limits or
+                claims more training time than its replica can have had
+                (`report_check.check_report`); nothing was applied.
             NotFound: The job does not exist.
             Unavailable: The profile kept changing under us; the report was not applied.
         """
@@ -336,15 +337,16 @@ class Agent:
         async with self._job_lock(job_id):
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 state = await self._load(job_id, fresh=attempt > 1)
-                _check_against_job(request, state)
                 current = state.profile.value if state.profile else pb.ObservationProfile()
+                now = self._clock()
+                # A retry of an applied report claims no new training time.
+                budgets = None if already_applied(current, request) else self._budgets
+                problems = check_report(request, state.bounds, budgets=budgets, now=now)
+                if problems:
+                    raise InvalidArgument(problems)
                 merge = merge_report(current, request)
                 if not merge.applied:
                     return ReportOutcome(False, observation_count(current), attempts=attempt)
-                now = self._clock()
-                problems = self._budgets.check(replica, claimed, now)
-                if problems:
-                    raise InvalidArgument(problems)
                 if attempt == 1:
                     _log_clipped(request)
                 throughput = (
@@ -485,19 +487,8 @@ class Agent:
         raise NotFound(f"job {shown(job_id)} has no model yet: no metrics have been reported")
 
 
-def _check_against_job(request: api.ReportMetricsRequest, state: _Cached) -> None:
-    """Raise InvalidArgument if the report breaks its job's limits (report_bounds)."""
-    try:
-        max_batch: int | None = Limits.of(state.limits).max_batch
-    except GoodputError:  # limits that admit nothing: the job cannot be tuned anyway
-        max_batch = None
-    problems = check_against_job(request, max_batch, state.max_replicas)
-    if problems:
-        raise InvalidArgument(problems)
-
-
 def _log_clipped(request: api.ReportMetricsRequest) -> None:
-    """Say so when a report's steps were clipped to its bounded weight (report_bounds)."""
+    """Say so when a report's steps were clipped to its bounded weight (`report_weights`)."""
     claimed = sum(obs.count for obs in request.observations)
     kept = sum(report_weights(request.observations))
     if kept < claimed:

@@ -1,4 +1,4 @@
-"""A job's observation profile: validation, merging, fitting and the published model.
+"""A job's observation profile: merging reports, fitting, and the published model.
 
 Pure functions (no I/O, no clock): the agent reads a profile from etcd, calls these, and writes
 the result back with a compare-and-swap, so the same functions give the same profile whichever
@@ -8,14 +8,13 @@ and `pollux.goodput` dataclasses; the core never sees a protobuf.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from pollux.agent.report_bounds import check_values, report_weights
 from pollux.goodput import (
     UNKNOWN_GRAD,
     FitResult,
@@ -38,9 +37,10 @@ Older entries are pruned so a long-lived job's profile stays small; a report fro
 older than every kept one is treated as already applied (its replicas were stopped long ago).
 """
 MAX_UINT32 = 2**32 - 1
-MAX_REPORT_OBSERVATIONS = 64
-"""Observations one report may carry. A replica reports the configurations it ran since its
-last report (one or two); a longer list is a broken client, refused as INVALID_ARGUMENT."""
+MAX_REPORT_STEPS = 512
+"""Most optimizer steps one report adds to the profile (`report_weights`): in a configuration's
+mean one report weighs at most this many steps however many it claims, so a forged count is
+outweighed by honest reports as they accumulate (docs/architecture.md §6)."""
 MAX_PROFILE_ROWS = 1024
 """Configuration rows a profile keeps. A job meets at most a few hundred (allocation shapes
 times the batch sizes chosen for them); past the bound the least-observed rows the report did
@@ -56,49 +56,29 @@ request input; past the bound the others are dropped in key order (a dropped sha
 its hysteresis once, should the job see it again)."""
 
 
-def check_report(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
-    """Every problem of a report, as (field path, what to fix); empty when it is valid.
+def report_weights(observations: Sequence[pb.StepObservation]) -> list[int]:
+    """The steps each observation adds to the profile: counts scaled to `MAX_REPORT_STEPS`.
 
-    Includes the bounds that need nothing but the report (`report_bounds.check_values`); the
-    ones against the job and the replica's earlier reports are the agent's.
+    Proportional, rounded down, at least one each (so at most `MAX_REPORT_STEPS` plus one per
+    observation in all); unchanged when the report is within the cap.
     """
-    out: list[tuple[str, str]] = []
-    if not request.job_id:
-        out.append(("job_id", "must not be empty"))
-    count = len(request.observations)
-    if count > MAX_REPORT_OBSERVATIONS:
-        limit = MAX_REPORT_OBSERVATIONS
-        out.append(("observations", f"{count}; at most {limit} per report (report more often)"))
-    else:  # listing the problems of thousands of rows would help no one
-        for i, obs in enumerate(request.observations):
-            out.extend(_check_observation(f"observations[{i}]", obs))
-    if request.HasField("gradient"):
-        for name in ("sqr", "var"):
-            value = getattr(request.gradient, name)
-            if not (math.isfinite(value) and value >= 0):
-                out.append((f"gradient.{name}", "must be finite and >= 0"))
-    if count <= MAX_REPORT_OBSERVATIONS:
-        out.extend(check_values(request))
-    return out
+    total = sum(obs.count for obs in observations)
+    if total <= MAX_REPORT_STEPS:
+        return [obs.count for obs in observations]
+    return [max(1, obs.count * MAX_REPORT_STEPS // total) for obs in observations]
 
 
-def _check_observation(at: str, obs: pb.StepObservation) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    if obs.num_nodes < 1:
-        out.append((f"{at}.num_nodes", "must be >= 1"))
-    if obs.num_replicas < max(obs.num_nodes, 1):
-        out.append((f"{at}.num_replicas", f"must be >= num_nodes ({obs.num_nodes}) and >= 1"))
-    if obs.local_batch_size < 1:
-        out.append((f"{at}.local_batch_size", "must be >= 1"))
-    if obs.accum_steps < 1:
-        out.append((f"{at}.accum_steps", "must be >= 1 (1 = no accumulation)"))
-    if not (math.isfinite(obs.accum_step_time_s) and obs.accum_step_time_s >= 0):
-        out.append((f"{at}.accum_step_time_s", "must be finite and >= 0 seconds"))
-    if not (math.isfinite(obs.optim_step_time_s) and obs.optim_step_time_s > 0):
-        out.append((f"{at}.optim_step_time_s", "must be finite and > 0 seconds"))
-    if obs.count < 1:
-        out.append((f"{at}.count", "must be >= 1 (steps averaged)"))
-    return out
+def already_applied(profile: pb.ObservationProfile, request: api.ReportMetricsRequest) -> bool:
+    """Whether the report's (generation, rank, seq) was applied to `profile` before.
+
+    Also true for a report older than the replica's newest applied one, and for a generation
+    older than every kept one (its replicas were stopped long ago).
+    """
+    generations = {_generation_of(k) for k in profile.applied_seq}
+    if generations and request.generation < min(generations):
+        return True
+    key = f"{request.generation}/{request.rank}"
+    return key in profile.applied_seq and request.seq <= profile.applied_seq[key]
 
 
 def shape_key(num_nodes: int, num_replicas: int) -> str:
@@ -109,7 +89,7 @@ def shape_key(num_nodes: int, num_replicas: int) -> str:
 def observation_count(profile: pb.ObservationProfile) -> int:
     """Optimizer steps observed in total: what `observations` counts in responses and models.
 
-    Each report counts at most `report_bounds.MAX_REPORT_STEPS` of them (its merge weight).
+    Each report counts at most `MAX_REPORT_STEPS` of them (its merge weight).
     """
     return sum(obs.count for obs in profile.observations)
 
@@ -133,21 +113,18 @@ class Merge:
 
 
 def merge_report(profile: pb.ObservationProfile, request: api.ReportMetricsRequest) -> Merge:
-    """Apply a (valid) report to a profile, at most once per (generation, rank, seq).
+    """Apply a valid report (`report_check`) to a profile, once per (generation, rank, seq).
 
     Observations of the same (nodes, replicas, local batch, accumulation steps) merge into one
     count-weighted mean, so the profile stays one row per configuration however long the job
-    runs; a report's counts are first clipped to `report_bounds.MAX_REPORT_STEPS` in all
-    (`report_bounds.report_weights`), so no report outweighs the honest ones for good. The
+    runs; a report's counts are first clipped to `MAX_REPORT_STEPS` in all
+    (`report_weights`), so no report outweighs the honest ones for good. The
     latest gradient statistics replace the previous ones. The profile stays bounded:
     at most `MAX_PROFILE_ROWS` rows and `MAX_APPLIED_SEQ` replica keys (see both).
     """
+    if already_applied(profile, request):
+        return Merge(profile, applied=False, new_configuration=False)
     key = f"{request.generation}/{request.rank}"
-    generations = {_generation_of(k) for k in profile.applied_seq}
-    if generations and request.generation < min(generations):
-        return Merge(profile, applied=False, new_configuration=False)
-    if key in profile.applied_seq and request.seq <= profile.applied_seq[key]:
-        return Merge(profile, applied=False, new_configuration=False)
 
     merged = pb.ObservationProfile()
     merged.CopyFrom(profile)

@@ -1,10 +1,11 @@
 """The AgentService gRPC servicer: a thin adapter over `Agent`.
 
-Each handler decodes and validates the whole request before anything touches etcd (a bad
-request changes nothing and gets INVALID_ARGUMENT naming every bad field), calls the agent,
-and encodes the reply. The service skeleton's `RpcObserver` maps typed errors to status codes,
-binds `job_id` in the log context and ends every RPC in one canonical log line (the fields
-`annotate` adds included) and a latency observation; the agent's own metrics are below.
+Each handler checks the request's job id and calls the agent, which validates the rest before
+it writes anything (a bad request changes nothing and gets INVALID_ARGUMENT naming every bad
+field); then it encodes the reply. The service skeleton's `RpcObserver` maps typed errors to
+status codes, binds `job_id` in the log context and ends every RPC in one canonical log line
+(the fields `annotate` adds included) and a latency observation; the agent's own metrics are
+below.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import prometheus_client
 import structlog
 
 from pollux.agent.agent import Agent
-from pollux.agent.profile import check_report
 from pollux.service.errors import InvalidArgument
 from pollux.service.rpc import annotate
 from pollux.v1 import agent_service_pb2 as api
@@ -53,9 +53,8 @@ class AgentServicer(api_grpc.AgentServiceServicer):
     ) -> api.ReportMetricsResponse:
         """Merge a replica's report into the job's profile (see agent_service.proto)."""
         annotate(generation=request.generation, rank=request.rank, seq=request.seq)
-        problems = check_report(request)
-        if problems:
-            raise InvalidArgument(problems)
+        if not request.job_id:
+            raise InvalidArgument([("job_id", "must not be empty")])
         outcome = await self._agent.report_metrics(request)
         REPORTS.labels("applied" if outcome.applied else "duplicate").inc()
         if outcome.fit_seconds is not None:

@@ -22,8 +22,8 @@ on the same work dir, the jobs resume from those checkpoints. It watches etcd: a
 dies is said in one line (with its last log line and the free space under its data dir) and
 started again once its disk has room.
 
-    pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--demo] [--workdir DIR]
-              [--etcd-dir DIR] [--insecure-replicas] [--insecure]
+    pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--policy NAME] [--demo]
+              [--workdir DIR] [--etcd-dir DIR] [--insecure-replicas] [--insecure]
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ class LocalCluster:
             at every start); `pollux-up` itself refuses that unless told so.
         etcd_dir: Where the etcd members keep their data (default: the work dir); a
             filesystem of its own keeps a job that fills the work dir's from stopping etcd.
+        policy: The schedulers' policy (`scheduling.policy`); "": their default.
     """
 
     workdir: Path
@@ -157,6 +158,7 @@ class LocalCluster:
     registration_ttl_s: int | None = None
     secure: bool = True
     dashboard: bool = True
+    policy: str = ""
     job_roots: tuple[Path, ...] = ()
     """Directories jobs may run in besides the launchers' defaults (`JobPolicy`)."""
     replica_isolation: bool | None = None
@@ -451,6 +453,8 @@ class LocalCluster:
             *("--id", name, "--interval", str(self.interval_s)),
             *("--lease-ttl", str(self.lease_ttl_s), "--restart-delay", str(self.restart_delay_s)),
         ]
+        if self.policy:
+            flags += ["--policy", self.policy]
         dashboard = self.dashboard and name == "scheduler-0"
         if dashboard:
             if self.dashboard_port is None:
@@ -665,6 +669,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedulers", type=int, default=2, help="scheduler replicas")
     parser.add_argument("--agents", type=int, default=1, help="agents")
     parser.add_argument("--interval", type=float, default=5.0, help="scheduling interval, s")
+    parser.add_argument("--policy", default="", help="the schedulers' policy (default: pollux-jct)")
     parser.add_argument("--workdir", type=Path, help="state directory (default: a temp dir)")
     parser.add_argument(
         "--demo",
@@ -746,6 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedulers=args.schedulers,
         agents=args.agents,
         interval_s=args.interval,
+        policy=args.policy,
         secure=not args.insecure,
         job_roots=tuple(dict.fromkeys([Path.cwd().resolve(), REPO, *args.allow_root])),
         replica_isolation=not (args.insecure or args.insecure_replicas),

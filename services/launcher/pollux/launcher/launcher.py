@@ -371,7 +371,7 @@ class Launcher:
         return self.supervisor.replicas(job_id)
 
     def find(self, job_id: str, rank: int, min_generation: int = 0) -> Replica | None:
-        """The newest replica of (job, rank) on this node, if of `min_generation` or newer."""
+        """The newest replica of (job, rank) here, or the oldest of at least `min_generation`."""
         return self.supervisor.find(job_id, rank, min_generation)
 
 

@@ -95,11 +95,16 @@ class Supervisor:
         return sorted(chosen, key=lambda r: (-r.generation, r.job_id, r.rank))
 
     def find(self, job_id: str, rank: int, min_generation: int = 0) -> Replica | None:
-        """The newest replica of (job, rank) on this node, if of `min_generation` or newer."""
-        for replica in self.replicas(job_id):
-            if replica.rank == rank:
-                return replica if replica.generation >= min_generation else None
-        return None
+        """A replica of (job, rank) on this node, or None.
+
+        The newest one if `min_generation` is 0, else the oldest of at least that generation,
+        so that a follower asking for the one after its last sees each in turn.
+        """
+        mine = [r for r in self.replicas(job_id) if r.rank == rank]
+        if min_generation == 0:
+            return mine[0] if mine else None
+        newer = [r for r in mine if r.generation >= min_generation]
+        return newer[-1] if newer else None
 
     def prune(self, history: int) -> None:
         """Forget the oldest reported exits beyond `history`."""

@@ -6,26 +6,29 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from pollux.policy.registry import (
+    DEFAULT_POLICY,
+    JCT_RESTARTS,
+    TENANT_SHARES,
+    PolicySpec,
+    PolicySpecError,
+)
 from pollux.scheduler.limits import LimitsConfig
 from pollux.service.config import EtcdConfig, ServerConfig, TlsConfig
 from pollux.service.maintenance import MaintenanceSettings
 
-POLICIES = ("pollux", "optimus", "tiresias")
-MODES = ("faithful", "jct")
-JCT_RESTARTS = ("ramp", "holding", "expected")
 EVENT_ROUNDS = ("place", "full")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulingConfig:
-    """How and when rounds run."""
+    """How and when rounds run, and by which policy (docs/configuration.md)."""
 
-    policy: str = "pollux"
-    """pollux, optimus (with model-predicted step times) or tiresias."""
-    mode: str = "faithful"
-    """Of the pollux policy: "faithful" (the published objective) or "jct" (each job weighted
-    by its declared remaining work, re-allocations discounted by remaining time and each job's
-    measured rescale pause: pollux.policy.jct)."""
+    policy: str = DEFAULT_POLICY
+    """The scheduling policy (pollux.policy.registry.POLICY_NAMES): "pollux-jct" (the
+    default: Pollux with each job weighted by its declared remaining work, lower mean JCT at
+    every measured load), "pollux" (Pollux as published), "optimus" (with model-predicted
+    step times) or "tiresias"."""
     interval_s: float = 60.0
     """Seconds between periodic rounds (the paper's 60 s)."""
     debounce_s: float = 1.0
@@ -40,7 +43,7 @@ class SchedulingConfig:
     running jobs twice (more restarts per job on the simulator: README "Beyond Pollux").
     With tenants every round is a full one."""
     restart_delay_s: float = 30.0
-    """Expected cost of a re-allocation, for Pollux's restart penalty."""
+    """Expected cost of a re-allocation, for the Pollux policies' restart penalty."""
     seed: int = 0
     """Seed of the policy's random generator (rounds are replayable)."""
     decision_history: int = 1000
@@ -50,31 +53,41 @@ class SchedulingConfig:
     estimate is its time left on its current GPUs): scheduler/forecaster.py."""
     forecast_round_s: float = 300.0
     """Seconds per round of a forecast: coarser than `interval_s` bounds its cost."""
-    jct_restart: str = "ramp"
-    """Of the jct mode: how a re-allocation's lifetime is taken when its restart pause is
+    jct_restart: str = JCT_RESTARTS[0]
+    """Of "pollux-jct": how a re-allocation's lifetime is taken when its restart pause is
     priced (pollux.policy.jct.JctParams.restart): "ramp" (the default: "holding" while a job
     has only grown, then "expected"), "holding" (the job's mean holding time) or "expected"
-    (the mean over an exponential lifetime of that mean); README "Beyond Pollux"."""
+    (the mean over an exponential lifetime of that mean)."""
+    tenant_shares: str = TENANT_SHARES[0]
+    """Of "pollux-jct" and "pollux", with tenants: how busy tenants get their shares
+    (pollux.policy.tenant_shares): "isolation" (the default), "deficits", "weights" or
+    "budgets"."""
     seed_profiles: bool = False
     """Start each submission from the step times and throughput fit of its owner's newest
     earlier job of the same name (pollux.service.seeding), so a re-run is sized from what was
-    measured instead of growing from its first allocation (one GPU; in the jct mode up to
-    4). Off by default, in both modes: on the simulator it raised the jct mode's mean JCT at
-    every load once a first run grew 4-fold a round (a seeded job starts large and holds GPUs
-    others would use; README "Seeded re-runs"), and the faithful mode stays the published
-    system."""
+    measured instead of growing from its first allocation. Off by default: on the simulator
+    it raised "pollux-jct"'s mean JCT at every load (docs/results.md, "Seeded re-runs")."""
+
+    def policy_spec(self) -> PolicySpec:
+        """The policy these settings name, parsed (`problems` lists what would stop it).
+
+        Raises:
+            PolicySpecError: The policy settings are invalid.
+        """
+        return PolicySpec(
+            name=self.policy,
+            restart_delay_s=self.restart_delay_s,
+            jct_restart=self.jct_restart,
+            tenant_shares=self.tenant_shares,
+        )
 
     def problems(self) -> list[str]:
         """Every invalid value, as "field: problem"."""
         out = []
-        if self.policy not in POLICIES:
-            out.append(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
-        if self.mode not in MODES:
-            out.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
-        elif self.mode != "faithful" and self.policy != "pollux":
-            out.append(f"mode: {self.mode!r} is a mode of the pollux policy, not of {self.policy}")
-        if self.jct_restart not in JCT_RESTARTS:
-            out.append(f"jct_restart: {self.jct_restart!r} is not one of {', '.join(JCT_RESTARTS)}")
+        try:
+            self.policy_spec()
+        except PolicySpecError as error:
+            out.extend(error.problems)
         if self.interval_s <= 0:
             out.append("interval_s: must be > 0")
         if self.debounce_s < 0:
@@ -83,8 +96,6 @@ class SchedulingConfig:
             out.append(
                 f"event_rounds: {self.event_rounds!r} is not one of {', '.join(EVENT_ROUNDS)}"
             )
-        if self.restart_delay_s < 0:
-            out.append("restart_delay_s: must be >= 0")
         if self.decision_history < 1:
             out.append("decision_history: must be >= 1")
         if self.forecast_interval_s < 0:

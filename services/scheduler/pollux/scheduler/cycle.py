@@ -6,13 +6,11 @@ the round makes; the scheduler commits them in fenced transactions. The phases:
 1. reconcile replica reports with job states (running, succeeded, failed, planned stops,
    cancellations, vanished nodes);
 2. build the policy's `ClusterState` from the active jobs and their published models;
-3. run the policy (Pollux, Optimus or Tiresias: pure, seeded); a *placement* round (an
-   event-triggered one under `scheduling.event_rounds = "place"`) runs it on the free GPUs
-   and the jobs that never ran only (pollux.policy.placement), every other job keeping its GPUs;
+3. run the policy (pure, seeded) for a full round or a *placement* round (an event-triggered
+   one under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs),
+   decided as the simulator decides it (pollux.policy.rounds);
 4. diff against current allocations: new allocations get the next generation, and job states
-   follow (ALLOCATED, RESCALING, PENDING);
-5. (scheduler) commit; 6. (scheduler) record the decision.
-
+   follow (ALLOCATED, RESCALING, PENDING); 5. (scheduler) commit; 6. record the decision.
 Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
 replayed from its snapshot.
 """
@@ -24,6 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic
 
 import numpy as np
 
@@ -37,14 +36,12 @@ from pollux.goodput import (
     iteration_time,
 )
 from pollux.goodput import errors as goodput_errors
-from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import resize_history
-from pollux.policy.placement import placement_state
+from pollux.policy.rounds import decide_round
 from pollux.policy.types import (
-    AllocationDecision,
     ClusterState,
-    JobExplain,
     JobInfo,
+    M,
     NodeInfo,
     OracleInfo,
     Policy,
@@ -98,7 +95,7 @@ class Recorded:
 
 
 @dataclass
-class RoundPlan:
+class RoundPlan(Generic[M]):
     """Every write of one round.
 
     Attributes:
@@ -116,7 +113,7 @@ class RoundPlan:
     jobs: list[tuple[pb.Job, int]] = field(default_factory=list)
     allocations: dict[str, pb.Allocation | None] = field(default_factory=dict)
     decision: pb.Decision = field(default_factory=pb.Decision)
-    memory: object | None = None
+    memory: M | None = None
     recorded: dict[str, Recorded] = field(default_factory=dict)
     active_jobs: int = 0
     held_gpus: int = 0
@@ -125,8 +122,8 @@ class RoundPlan:
 
 def plan_round(
     snapshot: Snapshot,
-    policy: Policy,
-    memory: object | None,
+    policy: Policy[M],
+    memory: M | None,
     rng: np.random.Generator,
     *,
     now: float,
@@ -135,7 +132,7 @@ def plan_round(
     recorded: Mapping[str, Recorded] | None = None,
     known: Mapping[str, KnownJob] | None = None,
     placement: bool = False,
-) -> RoundPlan:
+) -> RoundPlan[M]:
     """Plan one round (see the module docstring).
 
     `recorded` and `known` are the previous round's `RoundPlan.recorded` and `.known` (None: a
@@ -144,7 +141,7 @@ def plan_round(
     warm start stays the last full round's. With tenants every round is a full one (a
     placement cannot see the GPUs a tenant holds elsewhere).
     """
-    plan = RoundPlan(memory=memory)
+    plan: RoundPlan[M] = RoundPlan(memory=memory)
     changed: dict[str, pb.Job] = {}
     # Records are copied before the first change only (copy on write): most jobs of a large
     # cluster do not change in a round, and copying ten thousand of them costs more than
@@ -173,20 +170,16 @@ def plan_round(
         snapshot,
         active,
         now=now,
+        policy=policy,
         info=lambda job, total: _known_info(
-            job,
-            snapshot.models.get(job.id),
-            total,
-            now,
-            policy.name,
-            known or {},
-            plan,
-            policy.exploration,
+            job, snapshot.models.get(job.id), total, now, policy, known or {}, plan
         ),
     )
     total = sum(n.gpus for n in state.nodes)
     plan.active_jobs = len(active)
-    decision, planned = _decide(state, policy, memory, rng, placement, plan)
+    decided = decide_round(state, policy, memory, rng, placement=placement)
+    decision, planned = decided.decision, decided.planned
+    plan.memory = decided.memory
 
     # Phase 4: diff and transitions.
     record = plan.decision
@@ -239,37 +232,8 @@ def plan_round(
     return plan
 
 
-def _decide(
-    state: ClusterState,
-    policy: Policy,
-    memory: object | None,
-    rng: np.random.Generator,
-    placement: bool,
-    plan: RoundPlan,
-) -> tuple[AllocationDecision, set[str] | None]:
-    """Run the policy; returns its decision and the jobs it planned (None: every job).
-
-    A placement round plans the jobs that never ran on the free GPUs and keeps the last full
-    round's warm start in `plan.memory`; with tenants it is a full round. Without a free GPU
-    it asks the policy nothing, and each new job is recorded with the reason it waits.
-    """
-    if not placement or state.tenants:
-        decision = policy.allocate(state, memory, rng)
-        plan.memory = decision.memory
-        return decision, None
-    free = placement_state(state)
-    planned = {info.name for info in free.jobs}
-    if not free.nodes:
-        why = "no nodes in the cluster" if not state.nodes else "every GPU is held"
-        waits = JobExplain(0.0, 1.0, f"pending: {why}")
-        return AllocationDecision({}, dict.fromkeys(planned, waits)), planned
-    if not free.jobs:
-        return AllocationDecision({}, {}), planned
-    return policy.allocate(free, None, rng), planned
-
-
 def _remember(
-    plan: RoundPlan,
+    plan: RoundPlan[Any],
     entries: list[pb.JobDecision],
     previous: Mapping[str, Recorded],
     round_number: int,
@@ -356,7 +320,7 @@ def _reconcile(
     nodes: dict[str, pb.Node],
     now: float,
     round_number: int,
-    plan: RoundPlan,
+    plan: RoundPlan[Any],
 ) -> bool:
     """Apply what happened since the last round to one job; True if it changed."""
     allocation = job.allocation
@@ -449,7 +413,7 @@ def _held_seconds(job: pb.Job, now: float) -> float:
     return job.attained_gpu_seconds + (held if job.allocation.nodes else 0.0)
 
 
-def _release(job: pb.Job, now: float, plan: RoundPlan) -> None:
+def _release(job: pb.Job, now: float, plan: RoundPlan[Any]) -> None:
     """Take every GPU from a job (its launchers stop the replicas)."""
     if job.allocation.nodes:
         job.attained_gpu_seconds = _held_seconds(job, now)
@@ -465,7 +429,7 @@ def _reallocate(
     now: float,
     round_number: int,
     reason: str,
-    plan: RoundPlan,
+    plan: RoundPlan[Any],
 ) -> None:
     """Give a job `nodes` as a new generation, moving its state to match."""
     had = bool(job.allocation.nodes)
@@ -504,15 +468,13 @@ def cluster_state(
     active: Sequence[pb.Job],
     *,
     now: float,
+    policy: Policy[Any],
     info: Callable[[pb.Job, int], JobInfo] | None = None,
-    policy: str = "pollux",
-    exploration: Exploration = FAITHFUL,
 ) -> ClusterState:
-    """The policy's view of `active` jobs (in submission order) on the snapshot's nodes.
+    """`policy`'s view of `active` jobs (in submission order) on the snapshot's nodes.
 
     `info(job, total_gpus)` builds each JobInfo (a round reuses last round's); by default
-    they are built afresh from the snapshot's models, as `Explain` does, for `policy` with
-    its `exploration`.
+    they are built afresh from the snapshot's models, as `Explain` does.
     """
     nodes = tuple(
         NodeInfo(name=n.name, gpus=int(n.gpus))
@@ -522,7 +484,7 @@ def cluster_state(
     if info is None:
 
         def info(job: pb.Job, total: int) -> JobInfo:
-            return _job_info(job, snapshot.models.get(job.id), total, now, policy, exploration)
+            return _job_info(job, snapshot.models.get(job.id), total, now, policy)
 
     return ClusterState(
         now=now,
@@ -571,10 +533,9 @@ def _known_info(
     model: pb.JobModel | None,
     total_gpus: int,
     now: float,
-    policy: str,
+    policy: Policy[Any],
     known: Mapping[str, KnownJob],
-    plan: RoundPlan,
-    exploration: Exploration,
+    plan: RoundPlan[Any],
 ) -> JobInfo:
     """A job's JobInfo, reused from the last round when its inputs are the same objects."""
     last = known.get(job.id)
@@ -589,7 +550,7 @@ def _known_info(
         if info.attained_service != held:
             info = dataclasses.replace(info, attained_service=held)
     else:
-        info = _job_info(job, model, total_gpus, now, policy, exploration)
+        info = _job_info(job, model, total_gpus, now, policy)
     plan.known[job.id] = KnownJob(job, model, total_gpus, info)
     return info
 
@@ -600,14 +561,14 @@ def batch_replicas(limits: pb.BatchLimits) -> int:
     return max(1, top // max(1, int(limits.min_local_batch_size or 1)))
 
 
-def replica_limit(spec: pb.JobSpec, total_gpus: int, explore: int) -> int:
-    """A Pollux job's `JobInfo.max_replicas`, as rounds, Explain and EstimateJob give it.
+def replica_cap(spec: pb.JobSpec, total_gpus: int) -> int:
+    """The most replicas a job's spec (max_replicas), the cluster and its batch limits allow.
 
-    Its exploration limit `explore` (the policy's `Exploration.limit`) within its spec's
-    max_replicas, the cluster and its batch limits (`batch_replicas`).
+    A policy's `replica_limit` bounds the job further, as rounds, Explain and EstimateJob
+    give it (`JobInfo.max_replicas`).
     """
     cap = min(spec.max_replicas or total_gpus, max(total_gpus, 1))
-    return max(1, min(cap, batch_replicas(spec.batch), explore))
+    return max(1, min(cap, batch_replicas(spec.batch)))
 
 
 def _job_info(
@@ -615,29 +576,23 @@ def _job_info(
     model: pb.JobModel | None,
     total_gpus: int,
     now: float,
-    policy: str,
-    exploration: Exploration,
+    policy: Policy[Any],
 ) -> JobInfo:
     spec = job.spec
     profiled = int(model.max_profiled_replicas) if model is not None else 0
-    max_replicas = replica_limit(
-        spec, total_gpus, exploration.limit(profiled, len(job.allocation.nodes))
+    max_replicas = policy.replica_limit(
+        profiled, len(job.allocation.nodes), replica_cap(spec, total_gpus)
     )
     gm = goodput_model(job, model)
     remaining, pause = declared_work(model)
-    oracle = None
-    if policy == "optimus":
-        oracle = _predicted_oracle(gm, max_replicas)
+    oracle = _predicted_oracle(gm, max_replicas) if policy.needs_oracle else None
     return JobInfo(
         name=job.id,
         submission_time=job.create_time.ToNanoseconds() / 1e9,
         allocation=tuple(job.allocation.nodes),
         restarts=int(job.restarts),
         attained_service=_held_seconds(job, now),
-        # Optimus and Tiresias jobs do not explore: the spec, cluster and batch limits only.
-        max_replicas=max_replicas
-        if policy == "pollux"
-        else replica_limit(spec, total_gpus, max(total_gpus, 1)),
+        max_replicas=max_replicas,
         model=gm,
         target_replicas=max(1, min(int(spec.max_replicas or 1), total_gpus or 1)),
         target_batch_size=int(spec.batch.initial_batch_size),

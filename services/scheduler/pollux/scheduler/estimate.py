@@ -13,10 +13,11 @@ forward with the scheduler's policy (`pollux.policy.forecast`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pollux.policy.forecast import forecast
 from pollux.policy.types import ClusterState, JobInfo, Policy
-from pollux.scheduler.cycle import goodput_model, replica_limit
+from pollux.scheduler.cycle import goodput_model, replica_cap
 from pollux.v1 import types_pb2 as pb
 
 NEW_JOB = "estimated-job"
@@ -45,7 +46,7 @@ def reference_work(model: pb.JobModel) -> float | None:
 
 def estimate(
     state: ClusterState,
-    policy: Policy,
+    policy: Policy[Any],
     spec: pb.JobSpec,
     reference: pb.JobModel,
     *,
@@ -65,9 +66,9 @@ def estimate(
     new = JobInfo(
         name=NEW_JOB,
         submission_time=state.now,
-        # A new job starts as the policy lets one that has measured nothing (live: the same
-        # `replica_limit`), and the forecast grows it as it measures.
-        max_replicas=replica_limit(spec, total, policy.exploration.limit(0, 0)),
+        # A new job starts as the policy lets one that has measured nothing (as live), and
+        # the forecast grows it as it measures.
+        max_replicas=policy.replica_limit(0, 0, replica_cap(spec, total)),
         model=model,
         target_replicas=max(1, min(int(spec.max_replicas or 1), total or 1)),
         target_batch_size=int(spec.batch.initial_batch_size),

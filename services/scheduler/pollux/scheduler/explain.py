@@ -21,28 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pollux.goodput import best_batch, efficiency
-from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.problem import PolluxParams, Problem
-from pollux.policy.types import ClusterState, JobInfo, Policy
+from pollux.policy.types import ClusterState, JobInfo
 
 HOLDERS = 3
 """Holders listed: enough to show where a GPU would come from, short enough to read."""
-
-FAITHFUL_OBJECTIVE = "the power mean of speedups, p = -1, which favours jobs with low speedups"
-JCT_OBJECTIVE = (
-    "the sum of log speedups weighted by remaining-time rank (heSRPT), which favours jobs "
-    "closer to finishing; a move must pay for its restart pause"
-)
-
-
-def objective_text(policy: Policy) -> str:
-    """What `policy` maximises when it moves a GPU, in words (ExplainResponse.objective).
-
-    "" for a policy that does not trade GPUs by speedup (Optimus, Tiresias).
-    """
-    if not isinstance(policy, PolluxPolicy):
-        return ""
-    return FAITHFUL_OBJECTIVE if policy.jct is None else JCT_OBJECTIVE
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -44,7 +45,7 @@ class Forecaster:
     def __init__(
         self,
         mirror: ClusterMirror,
-        policy: Policy,
+        policy: Policy[Any],
         *,
         interval_s: float,
         round_s: float,
@@ -88,8 +89,7 @@ class Forecaster:
             snapshot,
             active,
             now=now,
-            policy=self.policy.name,
-            exploration=self.policy.exploration,
+            policy=self.policy,
         )
         caps = {job.id: int(job.spec.max_replicas) for job in active if job.spec.max_replicas}
         result = await asyncio.to_thread(

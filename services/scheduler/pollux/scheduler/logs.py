@@ -53,18 +53,27 @@ class LauncherLogs:
     async def _address(self, job: pb.Job, rank: int, min_generation: int) -> str:
         nodes, _ = await self.store.list_nodes()
         addresses = {e.value.name: e.value.address for e in nodes}
-        if rank < len(job.allocation.nodes) and job.allocation.generation >= min_generation:
+        has_rank = rank < len(job.allocation.nodes)
+        if has_rank and min_generation in (0, job.allocation.generation):
             name = job.allocation.nodes[rank]
             if name not in addresses:
                 raise Unavailable(f"node {name} of rank {rank} of job {job.id} is not registered")
             return addresses[name]
+        # The newest replica (min_generation 0), else the oldest of at least min_generation:
+        # a follower asking for the generation after its last one must not skip any.
         best: tuple[int, str] | None = None
         for address in addresses.values():
             for generation in await self._generations(address, job.id, rank):
                 if generation < min_generation:
                     continue
-                if best is None or generation > best[0]:
+                if best is None or (
+                    generation > best[0] if min_generation == 0 else generation < best[0]
+                ):
                     best = (generation, address)
+        if best is None and has_rank and job.allocation.generation >= min_generation:
+            name = job.allocation.nodes[rank]  # started, not listed yet by its launcher
+            if name in addresses:
+                return addresses[name]
         if best is None:
             held = len(job.allocation.nodes)
             newer = f" of generation >= {min_generation}" if min_generation else ""

@@ -18,6 +18,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from pollux.policy.registry import POLICY_NAMES
 from pollux.scheduler.admin import ACTIONS, AdminServicer
 from pollux.scheduler.config import SchedulerConfig
 from pollux.scheduler.dashboard.server import Dashboard
@@ -208,8 +209,7 @@ SPEC: ServiceSpec[SchedulerConfig, None] = ServiceSpec(
     app=lambda config, _, store: SchedulerApp(config, store),
     flags=(
         Flag("--id", "id", "replica id (shown as the leader id)"),
-        Flag("--policy", "scheduling.policy", "pollux, optimus or tiresias"),
-        Flag("--mode", "scheduling.mode", "pollux's mode: faithful or jct"),
+        Flag("--policy", "scheduling.policy", f"one of {', '.join(POLICY_NAMES)}"),
         Flag("--interval", "scheduling.interval_s", "seconds between rounds", float),
         Flag("--lease-ttl", "lease_ttl_s", "leadership lease TTL in seconds", int),
         Flag("--restart-delay", "scheduling.restart_delay_s", "re-allocation cost, s", float),

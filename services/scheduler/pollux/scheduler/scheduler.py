@@ -14,16 +14,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any
 
 import numpy as np
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from pollux.policy.jct import RestartRule
-from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.pollux import JctParams, PolluxParams, PolluxPolicy
-from pollux.policy.tiresias import TiresiasPolicy
+from pollux.policy.registry import make_policy
 from pollux.policy.types import Policy
 from pollux.scheduler import accounting
 from pollux.scheduler.accounting import day_of
@@ -104,21 +101,6 @@ def merged(chunk: list[Group]) -> Group:
     return [op for ops, _ in chunk for op in ops], [e for _, expect in chunk for e in expect]
 
 
-def make_policy(
-    name: str, restart_delay_s: float, mode: str = "faithful", jct_restart: str = "ramp"
-) -> Policy:
-    """The policy object for a configured name (and, for pollux, mode and restart rule)."""
-    if name == "pollux":
-        rule = cast(RestartRule, jct_restart)
-        jct = JctParams(restart=rule) if mode == "jct" else None
-        return PolluxPolicy(PolluxParams(restart_delay=restart_delay_s), jct=jct)
-    if name == "optimus":
-        return OptimusPolicy()
-    if name == "tiresias":
-        return TiresiasPolicy()
-    raise ValueError(f"unknown policy {name!r}")
-
-
 @dataclass
 class Leadership:
     """What a replica knows about leadership right now."""
@@ -151,14 +133,13 @@ class Scheduler:
         self.config = config
         self.member = pb.Member(id=config.id, address=address)
         self.clock = clock
-        scheduling = config.scheduling
-        self.policy = make_policy(
-            scheduling.policy, scheduling.restart_delay_s, scheduling.mode, scheduling.jct_restart
-        )
+        self.policy: Policy[Any] = make_policy(config.scheduling.policy_spec())
+        """The policy the configuration names (pollux.policy.registry)."""
         self.rng = np.random.default_rng(config.scheduling.seed)
         self.leadership = Leadership()
         self.last_round = 0
-        self._memory: object | None = None
+        self._memory: Any = None
+        """The policy's memory, as its last full round returned it (its own type)."""
         self._wake = asyncio.Event()
         self._on_leadership = on_leadership
         self._session: LeaseSession | None = None
@@ -419,7 +400,7 @@ class Scheduler:
                 ROUNDS.labels("job_skipped").inc(len(moved))
                 chunk = [g for g in chunk if g not in moved]
 
-    async def _commit(self, plan: RoundPlan, fence: Fence, number: int) -> None:
+    async def _commit(self, plan: RoundPlan[Any], fence: Fence, number: int) -> None:
         keys = self.store.keys
         groups: list[Group] = []
         for job, expected in plan.jobs:

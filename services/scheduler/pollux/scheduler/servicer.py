@@ -25,12 +25,12 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 
-from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.registry import PolicySpec, make_policy
 from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter, redacted
 from pollux.scheduler.cycle import cluster_state, seconds_left
 from pollux.scheduler.estimate import estimate, reference_work
-from pollux.scheduler.explain import counterfactual, objective_text
+from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
 from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
@@ -101,10 +101,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         on_change: Called after a write a round should react to (the local scheduler's trigger).
         last_round: Returns the last round this replica ran or saw.
         clock: Wall-clock seconds.
-        policy: The replica's scheduling policy (None: faithful Pollux). Explain and
-            EstimateJob build their states with its exploration rule, Explain's counterfactuals
-            use its Pollux parameters and name its objective, and EstimateJob forecasts with it
-            when there is no forecaster.
+        policy: The replica's scheduling policy (None: the default policy). Explain and
+            EstimateJob build their states as its rounds do, Explain's counterfactuals use its
+            `explain_params` and name its objective, and EstimateJob forecasts with it when
+            there is no forecaster.
         forecaster: The replica's forecasts, preferred for `estimated_completion`.
         seed_profiles: Whether submissions are seeded from earlier runs.
         limits: The per-user and per-tenant queue and submit-rate limits.
@@ -120,7 +120,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         *,
         warnings: Callable[[], list[str]] = list,
         mirror: ClusterMirror | None = None,
-        policy: Policy | None = None,
+        policy: Policy[Any] | None = None,
         forecaster: Forecaster | None = None,
         seed_profiles: bool = True,
         limits: LimitsConfig | None = None,
@@ -131,10 +131,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         self._submitting: dict[str, tuple[asyncio.Lock, int]] = {}
         """A lock per tenant: its users' limited submits are checked and written one at a
         time, so concurrent submits cannot all pass the same count."""
-        self.policy: Policy = policy if policy is not None else PolluxPolicy()
+        self.policy: Policy[Any] = policy if policy is not None else make_policy(PolicySpec())
         """The replica's scheduling policy (see Args)."""
-        self.params = self.policy.params if isinstance(self.policy, PolluxPolicy) else None
-        """The Pollux objective's parameters, for Explain's counterfactuals."""
         self.seed_profiles = seed_profiles
         """Whether a submission starts from its owner's newest earlier run of the same name
         (pollux.service.seeding)."""
@@ -585,7 +583,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         change = last_change(job)
         if change is not None:
             response.last_change.CopyFrom(change)
-        response.objective = objective_text(self.policy)
+        response.objective = self.policy.objective_text
         if job.state in ACTIVE:
             await self._counterfactual(job.id, response)
         return response
@@ -614,7 +612,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         policy = forecaster.policy if forecaster is not None else self.policy
         # The state's jobs explore as the forecasting policy lets them, the new one too.
         state = await asyncio.to_thread(
-            cluster_state, snapshot, _active(snapshot), now=now, exploration=policy.exploration
+            cluster_state, snapshot, _active(snapshot), now=now, policy=policy
         )
         if not state.nodes:
             raise FailedPrecondition("the cluster has no nodes yet: nothing could run the job")
@@ -683,10 +681,12 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         snapshot = await self._snapshot()
         active = _active(snapshot)
         state = await asyncio.to_thread(
-            cluster_state, snapshot, active, now=self.clock(), exploration=self.policy.exploration
+            cluster_state, snapshot, active, now=self.clock(), policy=self.policy
         )
         try:
-            found = await asyncio.to_thread(counterfactual, state, job_id, self.params)
+            found = await asyncio.to_thread(
+                counterfactual, state, job_id, self.policy.explain_params
+            )
         except KeyError:
             return  # finished between the read of the job and the snapshot
         for a in found.alternatives:

@@ -17,7 +17,8 @@ from grpc_status import rpc_status
 
 from pollux.agent.config import AgentConfig
 from pollux.agent.main import AgentApp
-from pollux.agent.report_bounds import MAX_REPORT_SPAN_S, MAX_REPORT_STEPS
+from pollux.agent.profile import MAX_REPORT_STEPS
+from pollux.agent.report_check import MAX_REPORT_SPAN_S
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.store import Store
 from pollux.v1 import agent_service_pb2 as api

@@ -1,4 +1,7 @@
-"""Metrics report bounds: plausibility checks, replica time budgets and bounded merge weight."""
+"""The one validation of a metrics report: fields, plausibility, job limits, replica budgets.
+
+Also the bounded weight a valid report gets when it is merged (`profile.report_weights`).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +12,30 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pollux.agent.profile import check_report, fit_profile, merge_report
-from pollux.agent.report_bounds import (
+from pollux.agent.profile import MAX_REPORT_STEPS, fit_profile, merge_report, report_weights
+from pollux.agent.report_check import (
     MAX_GRADIENT_STAT,
+    MAX_REPORT_OBSERVATIONS,
     MAX_REPORT_SPAN_S,
-    MAX_REPORT_STEPS,
     MAX_STEP_TIME_S,
     MIN_STEP_TIME_S,
+    JobBounds,
     ReplicaBudgets,
-    check_against_job,
+    check_report,
     claimed_seconds,
-    report_weights,
 )
 from pollux.goodput import PerfParams, step_times
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
-from tests.unit.test_agent_profile import obs
+from tests.unit.test_agent_profile import _with_work, obs
+
+UNBOUNDED = JobBounds()
+"""A job without replica or batch limits."""
+
+
+def check(request: api.ReportMetricsRequest) -> list[tuple[str, str]]:
+    """The problems of `request` that need nothing but the report."""
+    return check_report(request, UNBOUNDED)
 
 
 def report(
@@ -70,21 +81,21 @@ def report(
 def test_implausible_reports_are_refused_naming_the_field_and_the_bound(
     request_, want_field, want_bound
 ):
-    problems = check_report(request_)
+    problems = check(request_)
     assert [field for field, _ in problems] == [want_field]
     assert want_bound in problems[0][1]
 
 
 def test_honest_reports_pass_every_bound():
-    assert check_report(report(obs(count=50, optim_s=0.1), obs(2, 4, accum=4, count=3))) == []
+    assert check(report(obs(count=50, optim_s=0.1), obs(2, 4, accum=4, count=3))) == []
     # A report's whole span may reach the bound, and a step may take up to the maximum.
     one_step = obs(accum_s=0.0, optim_s=MAX_STEP_TIME_S)
-    assert check_report(report(one_step)) == []
+    assert check(report(one_step)) == []
     assert claimed_seconds([obs(optim_s=0.5, count=int(MAX_REPORT_SPAN_S / 0.5))]) == (
         MAX_REPORT_SPAN_S
     )
-    assert check_report(report(obs(optim_s=0.5, count=int(MAX_REPORT_SPAN_S / 0.5)))) == []
-    assert check_report(report(obs(), gradient=(MAX_GRADIENT_STAT, 0.0))) == []
+    assert check(report(obs(optim_s=0.5, count=int(MAX_REPORT_SPAN_S / 0.5)))) == []
+    assert check(report(obs(), gradient=(MAX_GRADIENT_STAT, 0.0))) == []
 
 
 def test_claimed_time_counts_accumulation_and_floors_each_step():
@@ -100,16 +111,16 @@ def test_claimed_time_counts_accumulation_and_floors_each_step():
 
 
 def test_reports_beyond_the_jobs_replica_limit_are_refused():
-    problems = check_against_job(report(obs(2, 8), obs(1, 4)), max_batch=None, max_replicas=4)
+    problems = check_report(report(obs(2, 8), obs(1, 4)), JobBounds(max_replicas=4))
     assert problems == [("observations[0].num_replicas", "8 exceeds the job's max_replicas (4)")]
-    assert check_against_job(report(obs(2, 8)), max_batch=None, max_replicas=0) == []
+    assert check_report(report(obs(2, 8)), JobBounds(max_replicas=0)) == []
 
 
 def test_batches_beyond_the_jobs_largest_batch_are_refused_but_rounding_up_is_not():
     # The trainer's initial split of M0 = 100 over 3 replicas runs ceil(100 / 3) = 34 each.
-    assert check_against_job(report(obs(1, 3, local=34)), max_batch=100, max_replicas=0) == []
-    problems = check_against_job(
-        report(obs(1, 3, local=35), obs(1, 2, local=64, accum=4)), max_batch=100, max_replicas=0
+    assert check_report(report(obs(1, 3, local=34)), JobBounds(max_batch=100)) == []
+    problems = check_report(
+        report(obs(1, 3, local=35), obs(1, 2, local=64, accum=4)), JobBounds(max_batch=100)
     )
     assert [field for field, _ in problems] == [
         "observations[0].local_batch_size",
@@ -119,7 +130,30 @@ def test_batches_beyond_the_jobs_largest_batch_are_refused_but_rounding_up_is_no
     assert "512 samples per step" in problems[1][1]
 
 
+def test_a_jobs_bounds_come_from_its_limits_and_unusable_limits_bound_no_batch():
+    limits = pb.BatchLimits(initial_batch_size=128, max_batch_size=1024)
+    assert JobBounds.of(limits, 4) == JobBounds(max_batch=1024, max_replicas=4)
+    assert JobBounds.of(pb.BatchLimits(initial_batch_size=128), 0).max_batch == 128  # M0
+    broken = pb.BatchLimits(initial_batch_size=128, max_batch_size=64)  # below M0
+    assert JobBounds.of(broken, 0) == JobBounds(max_batch=None, max_replicas=0)
+
+
 # -- refused: against the replica's earlier reports ------------------------------------------
+
+
+def test_the_budget_is_checked_when_given_and_only_for_an_otherwise_valid_report():
+    budgets = ReplicaBudgets(capacity_s=10)
+    honest = report(obs(optim_s=1.0, count=5))  # claims 5 s
+    assert check_report(honest, UNBOUNDED, budgets=budgets, now=0.0) == []
+    budgets.charge(("j-1", 1, 0), 8.0, now=0.0)
+    over = check_report(honest, UNBOUNDED, budgets=budgets, now=0.0)
+    assert [field for field, _ in over] == ["observations"]
+    assert "may claim at most 2 s more now" in over[0][1]
+    assert check_report(honest, UNBOUNDED, budgets=None, now=0.0) == []  # a retry: no claim
+    broken = report(obs(optim_s=1.0, count=5, local=0))
+    assert [f for f, _ in check_report(broken, UNBOUNDED, budgets=budgets, now=0.0)] == [
+        "observations[0].local_batch_size"
+    ]
 
 
 def test_a_replica_claims_at_most_its_wall_time_plus_the_backlog():
@@ -221,7 +255,7 @@ def mean_after(
 def test_a_forged_million_steps_is_outweighed_by_honest_reports():
     # Accepted: a million steps at the 100 µs floor claim 100 s. Its weight is clipped.
     forged = obs(accum_s=1e-4, optim_s=1e-4, count=10**6)
-    assert check_report(report(forged)) == []
+    assert check(report(forged)) == []
     honest = obs(accum_s=0.05, optim_s=0.1, count=50)
     row = mean_after(forged, honest, 200)
     assert row.count == MAX_REPORT_STEPS + 200 * 50
@@ -246,7 +280,7 @@ def test_any_accepted_forged_report_fades_as_honest_reports_arrive(
 ):
     """After N honest reports the mean is within W·|forged − honest| / (W + N·c), W ≤ cap."""
     forged = obs(accum_s=forged_accum, optim_s=forged_optim, count=count)
-    assume(check_report(report(forged)) == [])
+    assume(check(report(forged)) == [])
     honest = obs(accum_s=honest_optim / 2, optim_s=honest_optim, count=honest_count)
     row = mean_after(forged, honest, n)
     share = MAX_REPORT_STEPS / (MAX_REPORT_STEPS + n * honest_count)
@@ -280,7 +314,7 @@ def test_the_fitted_model_returns_to_the_honest_one():
     # A forged report on one configuration: a million steps at the floor, sent as rank 0 of
     # 16 replicas so that it passes every check.
     forged = report(obs(4, 16, 128, 1, 1e-4, 1e-4, 10**6), seq=100)
-    assert check_report(forged) == []
+    assert check(forged) == []
     poisoned = merge_report(profile, forged).profile
     nodes, replicas = np.array([1, 2, 4, 8]), np.array([4, 8, 16, 32])
     _, want = step_times(clean.params, nodes, replicas, 96)
@@ -294,3 +328,83 @@ def test_the_fitted_model_returns_to_the_honest_one():
     assert fit is not None
     _, got = step_times(fit.params, nodes, replicas, 96)
     np.testing.assert_allclose(got, want, rtol=0.1)
+
+
+# -- refused: malformed fields ----------------------------------------------------------------
+
+
+def test_a_well_formed_report_has_no_problems():
+    assert check(report(obs(), obs(2, 4, accum=3, accum_s=0.0), gradient=(1, 2))) == []
+
+
+@pytest.mark.parametrize(
+    ("observation", "want_field"),
+    [
+        (obs(nodes=0), "observations[0].num_nodes"),
+        (obs(nodes=2, replicas=1), "observations[0].num_replicas"),
+        (obs(local=0), "observations[0].local_batch_size"),
+        (obs(accum=0), "observations[0].accum_steps"),
+        (obs(accum_s=-0.1), "observations[0].accum_step_time_s"),
+        (obs(accum_s=math.nan), "observations[0].accum_step_time_s"),
+        (obs(optim_s=0.0), "observations[0].optim_step_time_s"),
+        (obs(optim_s=math.inf), "observations[0].optim_step_time_s"),
+        (obs(count=0), "observations[0].count"),
+    ],
+    ids=[
+        "zero nodes",
+        "fewer replicas than nodes",
+        "zero local batch",
+        "zero accumulation steps",
+        "negative accumulation time",
+        "NaN accumulation time",
+        "zero optimizer-step time",
+        "infinite optimizer-step time",
+        "zero steps averaged",
+    ],
+)
+def test_each_bad_observation_field_is_named(observation, want_field):
+    assert [field for field, _ in check(report(observation))] == [want_field]
+
+
+def test_every_problem_is_reported_at_once():
+    request = report(
+        obs(),
+        obs(nodes=3, replicas=2, local=0, accum=0, accum_s=-1, optim_s=math.nan, count=0),
+        gradient=(-1.0, math.inf),
+    )
+    fields = [field for field, _ in check(request)]
+    assert fields == [
+        "observations[1].num_replicas",
+        "observations[1].local_batch_size",
+        "observations[1].accum_steps",
+        "observations[1].accum_step_time_s",
+        "observations[1].optim_step_time_s",
+        "observations[1].count",
+        "gradient.sqr",
+        "gradient.var",
+    ]
+    assert all(problem for _, problem in check(request))
+
+
+@pytest.mark.parametrize(
+    ("work", "field"),
+    [
+        ({"progress": -1.0}, "work.progress"),
+        ({"progress": math.inf}, "work.progress"),
+        ({"progress": 1.0, "remaining": 1e13}, "work.remaining"),
+        ({"progress": 1.0, "remaining": math.nan}, "work.remaining"),
+        ({"progress": 1.0, "rescale_pause_s": -2.0}, "work.rescale_pause_s"),
+        ({"progress": 1.0, "rescale_pause_s": 30 * 86400.0}, "work.rescale_pause_s"),
+    ],
+)
+def test_implausible_work_is_refused_naming_the_field(work: dict[str, float], field: str) -> None:
+    problems = check(_with_work(report(obs()), **work))
+    assert [name for name, _ in problems] == [field]
+
+
+def test_a_report_with_too_many_observations_is_refused_naming_the_limit():
+    many = report(*(obs(local=i + 1) for i in range(MAX_REPORT_OBSERVATIONS + 1)))
+    problems = dict(check(many))
+    assert list(problems) == ["observations"]
+    assert str(MAX_REPORT_OBSERVATIONS) in problems["observations"]
+    assert check(report(*(obs(local=i + 1) for i in range(MAX_REPORT_OBSERVATIONS)))) == []

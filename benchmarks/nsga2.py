@@ -1,9 +1,9 @@
 """The published Pollux search: NSGA-II over jobs × nodes matrices (reference §4, variant A).
 
-This exists as a faithful baseline. Our Pollux policy (`pollux.policy.pollux`) replaces the
-published genetic search with a greedy marginal-gain solver; to say how much better or worse
-that is, we need the published search itself, on the same `Problem` (speedups, restart
-penalties, fairness), so that only the optimiser differs. Everything follows the artifact
+A benchmark baseline, not a policy setting. Our Pollux policy (`pollux.policy.goodput_policy`)
+replaces the genetic search with a greedy marginal-gain solver; `NsgaPolicy` runs faithful
+Pollux with this search instead, on the same `Problem`, so only the optimiser differs
+(benchmarks/policy_latency.py). No tenants. Everything follows the artifact
 (`A:pollux.py`, pymoo 0.4 NSGA-II defaults) except the warm start, which maps the last front
 by job and node *name* instead of by position (the published bug, reference §4.5).
 
@@ -16,13 +16,21 @@ randomness comes from the caller's generator, so a seed replays a round exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from pollux.policy.problem import Problem
-from pollux.policy.types import PolicyInputError
+from pollux.policy.allocation import validate_state
+from pollux.policy.exploration import FAITHFUL, Exploration
+from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.types import (
+    AllocationDecision,
+    ClusterState,
+    JobExplain,
+    JobSizing,
+    PolicyInputError,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -516,3 +524,74 @@ def tournament(
         same_rank & ((crowd[a] > crowd[b]) | ((crowd[a] == crowd[b]) & coin))
     )
     return np.where(a_wins, a, b).reshape(matings, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class NsgaPolicy:
+    """Faithful Pollux searched by the published NSGA-II (a `Policy`; module docstring).
+
+    Its memory is the last round's front (`NsgaMemory`).
+    """
+
+    params: PolluxParams = field(default_factory=PolluxParams)
+    config: NsgaConfig = field(default_factory=NsgaConfig)
+
+    @property
+    def name(self) -> str:
+        """A benchmark's name for it."""
+        return "pollux-nsga2"
+
+    @property
+    def sizing(self) -> JobSizing:
+        """As Pollux: GPU count and batch size adapt."""
+        return JobSizing.ADAPTIVE
+
+    @property
+    def exploration(self) -> Exploration:
+        """Pollux's rule."""
+        return FAITHFUL
+
+    @property
+    def needs_oracle(self) -> bool:
+        """No oracle."""
+        return False
+
+    @property
+    def objective_text(self) -> str:
+        """Faithful Pollux's objective."""
+        return "the power mean of speedups, p = -1"
+
+    @property
+    def explain_params(self) -> PolluxParams:
+        """The objective's parameters."""
+        return self.params
+
+    def replica_limit(self, profiled: int, held: int, cap: int) -> int:
+        """Pollux's exploration limit within `cap`."""
+        return max(1, min(cap, FAITHFUL.limit(profiled, held)))
+
+    def allocate(
+        self, state: ClusterState, memory: NsgaMemory | None, rng: np.random.Generator
+    ) -> AllocationDecision[NsgaMemory]:
+        """Choose every job's allocation for this round.
+
+        Raises:
+            PolicyInputError: The state is invalid or has tenants (not supported).
+        """
+        validate_state(state)
+        if state.tenants:
+            raise PolicyInputError("tenants", "the NSGA-II baseline does not support tenants")
+        if not state.nodes:
+            return AllocationDecision(
+                allocations={job.name: () for job in state.jobs},
+                explain={
+                    job.name: JobExplain(0.0, 1.0, "pending: no nodes in the cluster")
+                    for job in state.jobs
+                },
+            )
+        problem = Problem(state, self.params)
+        if problem.num_jobs == 0:
+            return AllocationDecision(allocations={}, explain={})
+        placed, front = search(problem, rng, memory, self.config)
+        decision: AllocationDecision[NsgaMemory] = problem.decision(placed)
+        return replace(decision, memory=front)
