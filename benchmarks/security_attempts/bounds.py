@@ -14,14 +14,7 @@ import grpc
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
-from .session import (
-    CALL_TIMEOUT_S,
-    MAX_STREAMS_TRIED,
-    MAX_SUBMITS_TRIED,
-    OK,
-    Session,
-    code_of,
-)
+from .session import CALL_TIMEOUT_S, MAX_STREAMS_TRIED, MAX_SUBMITS_TRIED, OK, Session, code_of
 
 
 async def stream_caps(session: Session, users: dict[str, str]) -> None:

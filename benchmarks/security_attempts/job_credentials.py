@@ -15,12 +15,7 @@ from pollux.v1 import agent_service_pb2 as agpb
 from pollux.v1 import agent_service_pb2_grpc as agpb_grpc
 from pollux.v1 import types_pb2 as pb
 
-from .session import (
-    CALL_TIMEOUT_S,
-    OK,
-    Session,
-    unary_status,
-)
+from .session import CALL_TIMEOUT_S, OK, Session, unary_status
 
 
 def report_for(job_id: str) -> agpb.ReportMetricsRequest:

@@ -17,12 +17,7 @@ from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
-from .session import (
-    CALL_TIMEOUT_S,
-    OK,
-    SECRET,
-    Session,
-)
+from .session import CALL_TIMEOUT_S, OK, SECRET, Session
 
 
 async def other_users_jobs(session: Session, users: dict[str, str]) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .session import (
-    Session,
-)
+from .session import Session
 
 
 async def replica_reads(session: Session, users: dict[str, str]) -> None:

@@ -6,10 +6,7 @@ import asyncio
 import os
 import sys
 
-from .session import (
-    OK,
-    Session,
-)
+from .session import OK, Session
 
 
 def verdict(code: int | None, out: str, want_code: int, text: str) -> tuple[str, str]:

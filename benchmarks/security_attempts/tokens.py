@@ -17,14 +17,7 @@ from pollux.service import auth
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import scheduler_service_pb2 as spb
 
-from .session import (
-    CALL_TIMEOUT_S,
-    OK,
-    REFUSAL_WAIT_S,
-    Session,
-    code_of,
-    unary_status,
-)
+from .session import CALL_TIMEOUT_S, OK, REFUSAL_WAIT_S, Session, code_of, unary_status
 
 
 async def people(session: Session) -> dict[str, str]:

@@ -23,12 +23,7 @@ from pollux.v1 import launcher_service_pb2_grpc as lpb_grpc
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 
-from .session import (
-    CALL_TIMEOUT_S,
-    OK,
-    Session,
-    code_of,
-)
+from .session import CALL_TIMEOUT_S, OK, Session, code_of
 
 
 async def plaintext(session: Session) -> None:
