@@ -88,6 +88,23 @@ async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Re
         await r.stop()
 
 
+async def placing_decision(store: Store, job_id: str) -> pb.Decision:
+    """The record of the round that gave the job GPUs, once written.
+
+    A round writes its decision after its jobs' records, so a job can be seen placed a moment
+    before the decision that placed it is there.
+    """
+
+    async def written() -> pb.Decision | None:
+        for decision in sorted(await store.latest_decisions(100), key=lambda d: d.round):
+            if any(d.job_id == job_id and d.nodes for d in decision.jobs):
+                return decision
+        return None
+
+    found: pb.Decision = await eventually(written, what=f"the decision that placed {job_id}")
+    return found
+
+
 async def add_node(store: Store, name: str, gpus: int) -> int:
     lease = await store.grant_lease(30)
     await store.register_node(pb.Node(name=name, gpus=gpus, address="127.0.0.1:1"), lease=lease)
@@ -381,6 +398,7 @@ async def test_an_event_round_places_a_new_job_at_once(
                 return len(got.allocation.nodes) >= 1
 
             await eventually(placed, timeout=10.0)
+            await placing_decision(store, job_id)
             if name == "first":
                 first = (await r.stub.GetJob(spb.GetJobRequest(job_id=ids[0]))).job
         decisions = sorted(await store.latest_decisions(100), key=lambda d: d.round)
@@ -417,8 +435,8 @@ async def test_a_new_job_starts_on_its_modes_first_step(
         got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
         assert list(got.allocation.nodes) == ["n1"] * gpus
         assert got.restarts == 0
-        decisions = sorted(await store.latest_decisions(100), key=lambda d: d.round)
-        assert decisions[-1].placement, "placed by the submission's placement round"
+        placing = await placing_decision(store, job_id)
+        assert placing.placement, "placed by the submission's placement round"
     finally:
         await r.stop()
 
@@ -442,6 +460,7 @@ async def test_with_tenants_an_event_round_is_a_full_one_and_restarts_the_period
             return len(got.allocation.nodes) >= 1
 
         await eventually(placed)
+        await placing_decision(store, job_id)
         decisions = await store.latest_decisions(100)
         assert len(decisions) >= 2
         assert not any(d.placement for d in decisions)
