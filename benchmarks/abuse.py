@@ -1,21 +1,17 @@
 """One user tries to jam a secure local cluster: 800 open streams and 3,000 submits.
 
-A real `LocalCluster` (etcd with client certificates, two scheduler replicas, an agent, two
-launchers; every port TLS with tokens, as `pollux-up` starts it) gets two users of one tenant.
-`mallory`, from a separate process (so her load does not slow the measuring client down), opens
-`--streams` streams at the leading replica (three quarters WatchJobs, a quarter StreamLogs
-following a job of hers) and sends `--submits` submits of short jobs with 64 at a time. While
-she does, this process samples every scheduler's resident memory, the leader, and the latency of
-`victor`'s `ls` (ListJobs newest first, one screen, as `pollux-cli ls` asks); once her submits
-are done (her streams still open), victor submits a job and the rounds until it is placed are
-counted. The cluster's limits (pollux.scheduler.limits) are the defaults; `--raise-stream-caps`
-lifts the stream caps so that every one of her streams is open and served.
+A real secure `LocalCluster` (two scheduler replicas, an agent, two launchers) gets two users
+of one tenant. `mallory`, from a separate process, opens `--streams` streams at the leading
+replica (three quarters WatchJobs, a quarter StreamLogs) and sends `--submits` short jobs, 64 at
+a time. Meanwhile this process samples every scheduler's RSS, the leader, and the latency of
+`victor`'s `ls` (one screen of ListJobs); once her submits are done, victor submits a job and
+the rounds until it is placed are counted. The limits are the defaults (pollux.scheduler.limits);
+`--raise-stream-caps` lifts the stream caps so that every one of her streams is served.
 
     python benchmarks/abuse.py [--streams 800] [--submits 3000] [--raise-stream-caps]
 
-Targets: scheduler RSS peak < 400 MB, 0 leader changes, victor's `ls` <= 1 s, and his job
-placed within two rounds; the process exits 1 unless all are met. Figures: docs/architecture.md
-§9.
+Targets: scheduler RSS peak < 400 MB, 0 leader changes, victor's `ls` <= 1 s, his job placed
+within two rounds; it exits 1 unless all are met. Figures: docs/architecture.md §9.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """One scheduling round as a pure plan over a snapshot (docs/architecture.md §1 item 4).
 
 `plan_round` takes the cluster `Snapshot` read at one etcd revision and returns every write
-the round makes; the scheduler commits them in fenced transactions. The phases:
-
-1. reconcile replica reports with job states (running, succeeded, failed, planned stops,
-   cancellations, vanished nodes);
-2. build the policy's `ClusterState` from the active jobs and their published models;
-3. run the policy (pure, seeded) for a full round or a *placement* round (an event-triggered
-   one under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs),
-   decided as the simulator decides it (pollux.policy.rounds);
-4. diff against current allocations: new allocations get the next generation, and job states
-   follow (ALLOCATED, RESCALING, PENDING); 5. (scheduler) commit; 6. record the decision.
-Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
-replayed from its snapshot.
+the round makes; the scheduler commits them in fenced transactions. The phases: (1) reconcile
+replica reports with job states (running, succeeded, failed, planned stops, cancellations,
+vanished nodes); (2) build the policy's `ClusterState` from the active jobs and their models;
+(3) run the policy (pure, seeded) for a full round or a *placement* round (event-triggered
+under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs), decided
+as the simulator decides it (pollux.policy.rounds); (4) diff against current allocations: new
+allocations get the next generation, and job states follow (ALLOCATED, RESCALING, PENDING);
+(5) the scheduler commits; (6) it records the decision. Nothing here performs I/O, reads a
+clock or draws randomness of its own, so a round can be replayed from its snapshot.
 """
 
 from __future__ import annotations

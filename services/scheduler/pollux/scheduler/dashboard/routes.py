@@ -3,11 +3,10 @@
 The page is a small hash-routed single page (``#/`` cluster, ``#/jobs``, ``#/jobs/<id>``), so
 the server knows only its files; every other path under ``/api/v1/`` is a JSON endpoint:
 
-- ``/api/v1/cluster``: nodes, GPUs per node and per job, agents, leader, jobs by state
-  (ClusterStatus);
-- ``/api/v1/utilisation``: allocated / total GPUs over time, per node (this replica's ring);
-- ``/api/v1/jobs``: jobs newest first, with the query ``state``, ``name_prefix``, ``owner``,
-  ``limit`` and ``page_token`` (ListJobs);
+- ``/api/v1/cluster`` (ClusterStatus); ``/api/v1/utilisation``: allocated / total GPUs over
+  time, per node (this replica's ring);
+- ``/api/v1/jobs``: jobs newest first; query ``state``, ``name_prefix``, ``owner``, ``limit``,
+  ``page_token`` (ListJobs);
 - ``/api/v1/jobs/<id>``: one job, by id, unique prefix or name (GetJob);
 - ``/api/v1/jobs/<id>/timeline``: its sampled life, restarts and predicted progress (GetJob,
   GetJobTimeline);

@@ -1,26 +1,16 @@
 """`Dashboard`: the read-only web dashboard a scheduler replica serves (`dashboard_listen`).
 
 An HTTP/1.1 server on the replica's own asyncio loop (`asyncio.start_server`, stdlib only;
-`protocol` parses, `routes` maps paths) serving a static single page and JSON endpoints under
+`protocol` parses, `routes` maps paths) serving a static single page and JSON under
 ``/api/v1/``. The JSON comes from the replica's `SchedulerServicer`, called in-process, so a
-page sees exactly what the gRPC API would answer, checked by the same code:
-
-- **Authentication** as on the gRPC port: with TLS on, the dashboard serves HTTPS with the
-  replica's own server certificate (re-read when renewed, as gRPC does) and every ``/api/``
-  request must carry ``Authorization: Bearer <API token>``, verified by the replica's
-  `pollux.service.auth.Authenticator` (the same object the RPC observer uses); the principal is
-  bound for the servicer, so a user sees only their own jobs. Without TLS (loopback, or
-  ``--insecure``) every caller is `auth.LOCAL`, an admin, as on the gRPC port; a loopback
-  dashboard then answers only requests whose Host is a loopback name, so a web page that
-  rebinds its DNS name to 127.0.0.1 cannot read it.
-- **Errors**: the servicer's typed errors go through `errors.status_of` (the gRPC table) and
-  then to an HTTP status (`HTTP_STATUS`), with ``{"error": message, "code": "NOT_FOUND"}``.
-- **Headers**: a Content-Security-Policy of ``default-src 'self'`` (the page has no inline
-  script or style, and uPlot is vendored), ``nosniff``, no framing, no referrer; API answers
-  are ``Cache-Control: no-store``.
-
-The static files are public: they hold no data. The page asks for a token when the API
-answers 401 and keeps it in the tab's sessionStorage (or takes it once from ``#token=...``).
+page sees exactly what the gRPC API answers, checked by the same code. With TLS it serves HTTPS
+with the replica's certificate and every ``/api/`` request carries ``Authorization: Bearer
+<API token>``, verified by the replica's `Authenticator`; without TLS every caller is
+`auth.LOCAL` and a loopback dashboard answers only a loopback Host (no DNS rebinding). The
+servicer's typed errors map through `errors.status_of` to an HTTP status (`HTTP_STATUS`) and
+``{"error": message, "code": "NOT_FOUND"}``; every answer carries a strict
+Content-Security-Policy, ``nosniff``, no framing, no referrer, and API answers ``no-store``.
+The static files hold no data and are public (docs/architecture.md §5, "Dashboard").
 """
 
 from __future__ import annotations
