@@ -10,9 +10,8 @@ the server knows only its files; every other path under ``/api/v1/`` is a JSON e
 - ``/api/v1/jobs/<id>``: one job, by id, unique prefix or name (GetJob);
 - ``/api/v1/jobs/<id>/timeline``: its sampled life, restarts and predicted progress (GetJob,
   GetJobTimeline);
-- ``/api/v1/jobs/<id>/explain``: its explain record (Explain);
-- ``/api/v1/jobs/<id>/logs``: the last lines of a replica's log, query ``rank`` and ``tail``
-  (StreamLogs, not followed: the page asks again at every refresh).
+- ``/api/v1/jobs/<id>/explain`` (Explain); ``/api/v1/jobs/<id>/logs``: a replica's last lines,
+  query ``rank`` and ``tail`` (StreamLogs, not followed: the page asks at every refresh).
 """
 
 from __future__ import annotations
