@@ -15,7 +15,9 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from pollux import jobspec
 from pollux.client.types import (
+    SCALING_RULES,
     Allocation,
     Alternative,
     BatchChoice,
@@ -29,12 +31,12 @@ from pollux.client.types import (
     JobSpec,
     Member,
     ModelSummary,
-    Mount,
     NodeStatus,
     RoundInfo,
     ThroughputParams,
     Transition,
 )
+from pollux.jobspec import wire
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
@@ -43,19 +45,6 @@ _STATE_NAMES: dict[int, str] = {
     v.number: v.name.removeprefix(_STATE_PREFIX) for v in pb.JobState.DESCRIPTOR.values
 }
 _STATE_NUMBERS: dict[str, int] = {name: number for number, name in _STATE_NAMES.items()}
-_RULE_NAMES: dict[int, str] = {
-    pb.SCALING_RULE_UNSPECIFIED: "adascale",  # the API's default rule
-    pb.SCALING_RULE_ADASCALE: "adascale",
-    pb.SCALING_RULE_LINEAR: "linear",
-    pb.SCALING_RULE_SQRT: "sqrt",
-    pb.SCALING_RULE_NONE: "none",
-}
-_RULE_NUMBERS: dict[str, int] = {
-    "adascale": pb.SCALING_RULE_ADASCALE,
-    "linear": pb.SCALING_RULE_LINEAR,
-    "sqrt": pb.SCALING_RULE_SQRT,
-    "none": pb.SCALING_RULE_NONE,
-}
 _SYNC_NAMES: dict[int, str] = {
     pb.SYNC_MODEL_UNSPECIFIED: "ring",  # the API's default shape
     pb.SYNC_MODEL_RING: "ring",
@@ -102,58 +91,16 @@ def time_to_proto(value: datetime | None, target: timestamp_pb2.Timestamp) -> No
 
 
 def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
-    """The API message of a spec."""
-    out = pb.JobSpec(
-        name=spec.name,
-        command=list(spec.command),
-        env=dict(spec.env),
-        working_dir=spec.working_dir,
-        batch=pb.BatchLimits(
-            initial_batch_size=spec.initial_batch_size,
-            max_batch_size=spec.max_batch_size,
-            min_local_batch_size=spec.min_local_batch_size,
-            max_local_batch_size=spec.max_local_batch_size,
-        ),
-        max_replicas=spec.max_replicas,
-        max_failures=spec.max_failures,
-        stop_grace_s=spec.stop_grace_s,
-        labels=dict(spec.labels),
-        secret_env=dict(spec.secret_env),
-        image=spec.image,
-        shm_size_mb=spec.shm_size_mb,
-        mounts=[
-            pb.Mount(host_path=m.host_path, container_path=m.container_path, read_only=m.read_only)
-            for m in spec.mounts
-        ],
-    )
-    out.scaling_rule = _RULE_NUMBERS[spec.scaling_rule]  # type: ignore[assignment]
-    return out
+    """The API message of a spec (the job-spec contract's table places each key)."""
+    return wire.to_message({key: getattr(spec, key) for key in jobspec.KEYS})
 
 
 def spec_from_proto(message: pb.JobSpec) -> JobSpec:
-    """The spec carried by an API message."""
-    batch = message.batch
-    return JobSpec(
-        name=message.name,
-        command=tuple(message.command),
-        initial_batch_size=batch.initial_batch_size,
-        env=dict(message.env),
-        working_dir=message.working_dir,
-        max_batch_size=batch.max_batch_size,
-        min_local_batch_size=batch.min_local_batch_size,
-        max_local_batch_size=batch.max_local_batch_size,
-        scaling_rule=_RULE_NAMES.get(message.scaling_rule, "adascale"),  # type: ignore[arg-type]
-        max_replicas=message.max_replicas,
-        max_failures=message.max_failures,
-        stop_grace_s=message.stop_grace_s,
-        labels=dict(message.labels),
-        secret_env=dict(message.secret_env),
-        image=message.image,
-        shm_size_mb=message.shm_size_mb,
-        mounts=tuple(
-            Mount(m.host_path, m.container_path, read_only=m.read_only) for m in message.mounts
-        ),
-    )
+    """The spec carried by an API message; an unset or unknown scaling rule is adascale."""
+    values = wire.values_of(message)
+    if values["scaling_rule"] not in SCALING_RULES:
+        values["scaling_rule"] = "adascale"  # the API's default rule
+    return JobSpec(**values)
 
 
 def allocation_to_proto(allocation: Allocation, target: pb.Allocation) -> None:
