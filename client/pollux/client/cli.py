@@ -544,8 +544,8 @@ def _top(args: argparse.Namespace, client: Client) -> None:
         cluster = client.cluster_status()
         jobs = list(client.list_jobs(states=active))
         if args.output == "table":
-            shown = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
-            text = fmt.top_text(*shown, _now())
+            printable = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
+            text = fmt.top_text(*printable, _now())
         else:
             text = fmt.render_data({"cluster": cluster, "jobs": jobs}, args.output)
         text = fmt.for_terminal(text, raw=args.raw)

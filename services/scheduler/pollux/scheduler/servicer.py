@@ -33,7 +33,7 @@ from pollux.scheduler.estimate import estimate, reference_work
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
-from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, S
+from pollux.scheduler.lifecycle import ACTIVE, TERMINAL, state_name
 from pollux.scheduler.limits import LimitsConfig, SubmitLimits
 from pollux.scheduler.logs import LauncherLogs
 from pollux.scheduler.validation import normalised, validate_submit
@@ -45,13 +45,13 @@ from pollux.service.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unavailable,
-    shown,
 )
 from pollux.service.feed import FeedOverflow, JobChange, Subscription
 from pollux.service.mirror import ClusterMirror, JobSummary, named
 from pollux.service.rpc import annotate
 from pollux.service.seeding import seeded
 from pollux.service.store import Conflict, Entry, Snapshot, Store
+from pollux.terminal import quoted
 from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
@@ -193,9 +193,8 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 listed, _ = await self.store.list_jobs()
                 found = named(map(JobSummary.of, (e.value for e in listed)), text, owner)
         if len(found) > 1:
-            shown_ = ", ".join(
-                f"{j.order[1]} ({j.name}, {S.Name(j.state).removeprefix('JOB_STATE_')})"
-                for j in found[:AMBIGUOUS_SHOWN]
+            candidates = ", ".join(
+                f"{j.order[1]} ({j.name}, {state_name(j.state)})" for j in found[:AMBIGUOUS_SHOWN]
             )
             more = (
                 f" and {len(found) - AMBIGUOUS_SHOWN} more" if len(found) > AMBIGUOUS_SHOWN else ""
@@ -204,7 +203,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 [
                     (
                         "job_id",
-                        f"{shown(text)} matches {len(found)} jobs: {shown_}{more}; "
+                        f"{quoted(text)} matches {len(found)} jobs: {candidates}{more}; "
                         "use the id (or more of it)",
                     )
                 ],
@@ -213,7 +212,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         entry = await self.store.get_job(found[0].order[1]) if found else None
         if entry is None:
             raise NotFound(
-                f"job {shown(text)} not found: no job you can see has that id, id prefix or name "
+                f"job {quoted(text)} not found: no job you can see has that id, id prefix or name "
                 "(pollux-cli ls lists jobs)"
             )
         return entry
@@ -273,12 +272,12 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             id=f"j-{uuid.uuid4().hex[:10]}",
             spec=normalised(request.spec),
             request_id=request.request_id,
-            state=S.JOB_STATE_PENDING,
+            state=pb.JOB_STATE_PENDING,
             owner=caller.name,
             tenant=caller.tenant,
         )
         job.create_time.FromNanoseconds(int(now * 1e9))
-        entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+        entry = job.history.add(state=pb.JOB_STATE_PENDING, reason="submitted")
         entry.time.CopyFrom(job.create_time)
         seed = await self._seed(job, now) if self.seed_profiles else None
         stored, created = await self.store.create_job(job, seed)
@@ -323,7 +322,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
         job, _ = await self._job(request.job_id, "GetJob")
-        return spb.GetJobResponse(job=(await self._shown([job]))[0])
+        return spb.GetJobResponse(job=(await self._redacted_with_estimates([job]))[0])
 
     async def ListJobs(
         self, request: spb.ListJobsRequest, context: Context
@@ -343,7 +342,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             except ValueError:
                 problems.append(("page_token", "not a token from a previous ListJobs response"))
         for state in request.states:
-            if state not in S.values() or state == S.JOB_STATE_UNSPECIFIED:
+            if state not in pb.JobState.values() or state == pb.JOB_STATE_UNSPECIFIED:
                 problems.append(("states", f"{state} is not a job state"))
         if problems:
             raise InvalidArgument(problems)
@@ -357,9 +356,10 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             page.append(job)
             total += weight
         token = _page_token(page[-1]) if more or len(selected) > len(page) else ""
-        return spb.ListJobsResponse(jobs=await self._shown(page), next_page_token=token)
+        jobs = await self._redacted_with_estimates(page)
+        return spb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
-    async def _shown(self, jobs: list[pb.Job]) -> list[pb.Job]:
+    async def _redacted_with_estimates(self, jobs: list[pb.Job]) -> list[pb.Job]:
         """`jobs` as the API shows them: redacted, with `estimated_completion` where known.
 
         From the replica's latest forecast when it covers the job, else its time left on its
@@ -401,7 +401,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         if request.owner:
             if owner is not None and request.owner != owner:
                 raise PermissionDenied(
-                    f"{owner} may list only their own jobs, not {shown(request.owner)}'s "
+                    f"{owner} may list only their own jobs, not {quoted(request.owner)}'s "
                     "(leave owner empty, or ask an admin)"
                 )
             owner = request.owner
@@ -441,12 +441,11 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         """Flag the job; the leader stops it in the next round (triggered now)."""
         for _ in range(10):
             job, revision = await self._job(request.job_id, "CancelJob")
-            if job.state == S.JOB_STATE_CANCELLED or job.cancel_requested:
+            if job.state == pb.JOB_STATE_CANCELLED or job.cancel_requested:
                 return spb.CancelJobResponse(job=redacted(job))
             if job.state in TERMINAL:
                 raise FailedPrecondition(
-                    f"job {job.id} already {S.Name(job.state).removeprefix('JOB_STATE_')}; "
-                    "nothing to cancel"
+                    f"job {job.id} already {state_name(job.state)}; nothing to cancel"
                 )
             job.cancel_requested = True
             job.cancel_reason = cancel_reason(auth.current().name, request.reason)
@@ -456,7 +455,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 await asyncio.sleep(0.01)
                 continue
             self.on_change()
-            log.info("job_cancel_requested", job_id=job.id, reason=shown(request.reason, 200))
+            log.info("job_cancel_requested", job_id=job.id, reason=quoted(request.reason, 200))
             await self._leader_metadata(context)
             return spb.CancelJobResponse(job=redacted(job))
         raise Conflict(self.store.keys.job(job.id))
@@ -468,7 +467,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         job, revision = await self._job(request.job_id, "DeleteJob")
         if job.state not in TERMINAL:
             raise FailedPrecondition(
-                f"job {job.id} is {S.Name(job.state).removeprefix('JOB_STATE_')}; "
+                f"job {job.id} is {state_name(job.state)}; "
                 "cancel it first (pollux-cli cancel) and delete it once it has stopped"
             )
         await self.store.delete_job(job, expected=revision)
@@ -569,7 +568,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
                 response.round.CopyFrom(decision)
                 response.round.ClearField("jobs")
                 break
-        if not response.HasField("decision") and job.state == S.JOB_STATE_PENDING:
+        if not response.HasField("decision") and job.state == pb.JOB_STATE_PENDING:
             response.decision.job_id = job.id
             response.decision.reason = "pending: waiting for GPUs behind other jobs"
         model = await self.store.get_model(job.id)
@@ -601,7 +600,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         )
         if found is None:
             raise FailedPrecondition(
-                f"no earlier job named {shown(spec.name)} of yours has reported a throughput "
+                f"no earlier job named {quoted(spec.name)} of yours has reported a throughput "
                 "model and a declared size: run it once (the estimate uses its measured goodput "
                 "and size; the training library declares the size with trainer.epochs(N))"
             )
@@ -627,7 +626,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
         )
         if result is None:
             raise FailedPrecondition(
-                f"the forecast did not finish {shown(spec.name)} within its horizon: the "
+                f"the forecast did not finish {quoted(spec.name)} within its horizon: the "
                 "cluster is too busy to say"
             )
         response = spb.EstimateJobResponse(
@@ -736,7 +735,7 @@ class SchedulerServicer(spb_grpc.SchedulerServiceServicer):
             if job.state in ACTIVE:
                 for held in job.allocation.nodes:
                     by_node.setdefault(held, []).append(job.id)
-        counts = {S.Name(state).removeprefix("JOB_STATE_"): n for state, n in states.items()}
+        counts = {state_name(state): n for state, n in states.items()}
         response = spb.ClusterStatusResponse(
             agents=snapshot.agents,
             answered_by=self.replica_id,
@@ -793,7 +792,7 @@ async def _next(changes: Subscription) -> JobChange:
         ) from error
 
 
-_GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)
+_GPU_CHANGES = (pb.JOB_STATE_ALLOCATED, pb.JOB_STATE_RESCALING)
 _LONGEST_ESTIMATE_S = 10 * 365 * 86400.0
 """Estimates beyond ten years say only "not soon": they are left out rather than shown."""
 
@@ -806,7 +805,7 @@ def last_change(job: pb.Job) -> pb.StateTransition | None:
     history = list(job.history)
     for index in range(len(history) - 1, -1, -1):
         entry = history[index]
-        if entry.state in _GPU_CHANGES or (entry.state == S.JOB_STATE_PENDING and index > 0):
+        if entry.state in _GPU_CHANGES or (entry.state == pb.JOB_STATE_PENDING and index > 0):
             return entry
     return None
 
