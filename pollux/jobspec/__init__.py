@@ -17,6 +17,7 @@ whole strings (``fullmatch``: ``$`` would accept a trailing newline).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,7 +62,7 @@ _PLAIN_ENTRY = re.compile(r"[A-Za-z0-9._/-]{1,64}")
 
 
 class Kind(enum.Enum):
-    """The type of a key's value; the value is how docs/job-file.md and type errors say it."""
+    """The type of a key's value; the value is how docs/job-file.md names it."""
 
     TEXT = "string"
     ARGV = "list of strings"
@@ -105,12 +106,38 @@ class Field:
     """NAMES: a prefix no name may have."""
     choices: tuple[str, ...] = ()
     """CHOICE: the values allowed ("" is the default)."""
+    also: Callable[[Any], str | None] | None = None
+    """A further rule of the value alone, applied when the others hold: the problem or None."""
 
     @property
     def api_parts(self) -> tuple[str, ...]:
         """The attribute path of the field in a ``JobSpec`` message: ``("batch", "name")``."""
         return tuple(self.api_path.removeprefix("spec.").split("."))
 
+
+def _not_an_id(name: str) -> str | None:
+    """A job reference means an id or id prefix before a name: a name must not read as one."""
+    if not ID_LIKE_NAME.fullmatch(name):
+        return None
+    return (
+        f"{quoted(name)} reads as a job id or id prefix (ids are j- and 10 hex digits), "
+        "and a job reference means an id before a name: pick a name with a letter beyond f "
+        f"or more than 10 characters (e.g. run-{name})"
+    )
+
+
+_ENV = Field(
+    "env",
+    Kind.NAMES,
+    "environment of every replica",
+    "spec.env",
+    default="none",
+    pattern=ENV_NAME,
+    pattern_says="not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+    lines=True,
+    reserved_prefix="POLLUX_",
+)
+"""The rules of `env`, which `secret_env` shares."""
 
 SCALING_RULES = ("adascale", "linear", "sqrt", "none")
 """Learning-rate scaling rules, by their job-file names (the enum ``SCALING_RULE_<NAME>``)."""
@@ -124,6 +151,7 @@ FIELDS: tuple[Field, ...] = (
         required=True,
         pattern=NAME,
         pattern_says="must be 1-63 characters of [a-z0-9-] starting with a letter",
+        also=_not_an_id,
     ),
     Field(
         "command",
@@ -144,17 +172,7 @@ FIELDS: tuple[Field, ...] = (
         most=MAX_BATCH,
         range_note=" (the total batch your learning rate is tuned for)",
     ),
-    Field(
-        "env",
-        Kind.NAMES,
-        "environment of every replica",
-        "spec.env",
-        default="none",
-        pattern=ENV_NAME,
-        pattern_says="not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-        lines=True,
-        reserved_prefix="POLLUX_",
-    ),
+    _ENV,
     Field(
         "working_dir",
         Kind.TEXT,
@@ -236,16 +254,11 @@ FIELDS: tuple[Field, ...] = (
         pattern=LABEL_KEY,
         pattern_says="label keys must be 1-63 characters of [A-Za-z0-9._/-]",
     ),
-    Field(
-        "secret_env",
-        Kind.NAMES,
-        "environment whose values the API never shows",
-        "spec.secret_env",
-        default="none",
-        pattern=ENV_NAME,
-        pattern_says="not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-        lines=True,
-        reserved_prefix="POLLUX_",
+    dataclasses.replace(
+        _ENV,
+        key="secret_env",
+        summary="environment whose values the API never shows",
+        api_path="spec.secret_env",
     ),
     Field(
         "image",
@@ -405,19 +418,17 @@ def check(values: Mapping[str, Any]) -> list[Violation]:
     """
     found: list[Violation] = []
     for spec_field in FIELDS:
-        if spec_field.key in values:
-            found.extend(_CHECKS[spec_field.kind](spec_field, values[spec_field.key]))
-    if "name" in values and not found_for(found, "name"):
-        found.extend(_name_is_not_an_id(values["name"]))
+        if spec_field.key not in values:
+            continue
+        value = values[spec_field.key]
+        problems = list(_CHECKS[spec_field.kind](spec_field, value))
+        if not problems and spec_field.also is not None and (problem := spec_field.also(value)):
+            problems.append(Violation(spec_field.key, problem))
+        found.extend(problems)
     found.extend(_batch_limits(values, out_of_bounds={v.key for v in found}))
     found.extend(_environment(values))
     found.extend(_container_only(values))
     return found
-
-
-def found_for(found: Iterable[Violation], key: str) -> bool:
-    """Whether any of `found` is about `key` or one of its entries."""
-    return any(v.key == key for v in found)
 
 
 def _characters(spec_field: Field, value: str) -> str | None:
@@ -542,16 +553,6 @@ _CHECKS: Mapping[Kind, Callable[[Field, Any], Iterable[Violation]]] = {
 
 
 # ---- rules across keys -----------------------------------------------------------------------
-
-
-def _name_is_not_an_id(name: str) -> Iterable[Violation]:
-    if ID_LIKE_NAME.fullmatch(name):
-        yield Violation(
-            "name",
-            f"{quoted(name)} reads as a job id or id prefix (ids are j- and 10 hex digits), "
-            "and a job reference means an id before a name: pick a name with a letter beyond f "
-            f"or more than 10 characters (e.g. run-{name})",
-        )
 
 
 def _batch_limits(values: Mapping[str, Any], out_of_bounds: set[str]) -> Iterable[Violation]:

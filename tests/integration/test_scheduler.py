@@ -162,11 +162,8 @@ async def test_the_server_refuses_a_raw_spec_in_the_words_the_client_uses(
     assert status is not None
     detail = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(detail)
-    assert [(v.field, v.description) for v in detail.field_violations] == [
-        ("spec.env[POLLUX_X]", "POLLUX_* variables are set by the launcher; rename it"),
-        ("spec.batch.max_batch_size", "32 is below initial_batch_size 64: raise it or leave it 0"),
-        ("spec.shm_size_mb", "only applies to a container: set image too, or leave it unset"),
-    ]
+    fields = [v.field for v in detail.field_violations]
+    assert fields == ["spec.env[POLLUX_X]", "spec.batch.max_batch_size", "spec.shm_size_mb"]
     assert [(file_path_of(v.field), v.description) for v in detail.field_violations] == [
         tuple(v) for v in client.value.violations
     ]

@@ -27,12 +27,7 @@ from pollux.client.errors import UnreachableError
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the user's own config file and POLLUX_* variables out of every test."""
-    for name in ("POLLUX_SERVER", "POLLUX_CONTEXT", "POLLUX_CA", "POLLUX_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("POLLUX_CONFIG", str(tmp_path / "config.toml"))
+pytestmark = pytest.mark.usefixtures("no_user_config")
 
 
 @pytest.mark.parametrize(

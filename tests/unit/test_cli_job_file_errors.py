@@ -14,28 +14,9 @@ import pytest
 
 from pollux.client import cli
 from pollux.client.errors import JobSpecError
-from pollux.client.types import Job, JobSpec, read_job_file
+from pollux.client.types import JobSpec, read_job_file
 
-
-@pytest.fixture(autouse=True)
-def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the user's own config file and POLLUX_* variables out of every test."""
-    for name in ("POLLUX_SERVER", "POLLUX_CONTEXT", "POLLUX_CA", "POLLUX_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("POLLUX_CONFIG", str(tmp_path / "config.toml"))
-
-
-class NeverSubmit:
-    """A client the CLI must not reach: a bad spec is refused before it is sent."""
-
-    def __enter__(self) -> NeverSubmit:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def submit(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
-        raise AssertionError("an invalid spec must not be submitted")
+pytestmark = pytest.mark.usefixtures("no_user_config")
 
 
 MANY_MISTAKES = """\
@@ -79,10 +60,10 @@ def test_a_job_file_reports_every_mistake_at_once(tmp_path: Path) -> None:
     assert "max_batch_size" not in problems
 
 
-def test_the_cli_prints_every_mistake_in_one_error(tmp_path: Path, capsys) -> None:
+def test_the_cli_prints_every_mistake_in_one_error(tmp_path: Path, capsys, never_submit) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(MANY_MISTAKES)
-    assert cli.main(["submit", "-f", str(path)], connect=lambda args: NeverSubmit()) == 1
+    assert cli.main(["submit", "-f", str(path)], connect=never_submit) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: invalid job spec (")
     assert sorted(line.split(": ", 1)[0].strip() for line in err[1:]) == sorted(
@@ -104,9 +85,9 @@ def test_the_cli_prints_every_mistake_in_one_error(tmp_path: Path, capsys) -> No
     assert "  stop_grace_s: must be 0 to 3600 seconds (0: 30), not 7200" in err
 
 
-def test_a_flag_is_checked_like_its_file_key(capsys) -> None:
+def test_a_flag_is_checked_like_its_file_key(capsys, never_submit) -> None:
     argv = ["submit", "--name", "job", "--initial-batch-size", "8", "--max-replicas", "5000"]
-    assert cli.main([*argv, "--", "x"], connect=lambda args: NeverSubmit()) == 1
+    assert cli.main([*argv, "--", "x"], connect=never_submit) == 1
     assert capsys.readouterr().err.splitlines() == [
         "error: invalid job spec (max_replicas)",
         "  max_replicas: must be 0 to 4096 (0: no limit), not 5000",

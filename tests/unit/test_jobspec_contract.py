@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ from pollux import jobspec
 from pollux.client import cli
 from pollux.client._convert import spec_from_proto, spec_to_proto
 from pollux.client.errors import JobSpecError
-from pollux.client.types import SPEC_KEYS, Job, JobSpec, ScalingRule
+from pollux.client.types import SPEC_KEYS, JobSpec, ScalingRule
 from pollux.jobspec import Kind, Mount, Violation, wire
 from pollux.scheduler.validation import validate_submit
 from pollux.service.errors import InvalidArgument
@@ -236,40 +237,26 @@ def test_a_violation_is_named_in_the_file_and_in_the_api(
     assert jobspec.file_path_of(api_path) == (file_path or "spec")
 
 
+@pytest.mark.usefixtures("no_user_config")
 def test_a_bad_job_file_is_refused_by_the_cli_with_the_servers_words(
-    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys, never_submit
 ) -> None:
-    monkeypatch.setenv("POLLUX_CONFIG", str(tmp_path / "config.toml"))
-    path = tmp_path / "job.yaml"
-    path.write_text(
-        "name: train\ncommand: [python, t.py]\ninitial_batch_size: 64\nmax_batch_size: 32\n"
-        "env: {POLLUX_X: '1'}\nshm_size_mb: 64\n"
-    )
-
-    class NeverSubmit:
-        def __enter__(self) -> NeverSubmit:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def submit(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
-            raise AssertionError("an invalid spec must not be submitted")
-
-    assert cli.main(["submit", "-f", str(path)], connect=lambda args: NeverSubmit()) == 1
-    printed = capsys.readouterr().err.splitlines()[1:]
     values = {
-        "name": "train",
+        "name": "cafe",
         "command": ["python", "t.py"],
         "initial_batch_size": 64,
-        "max_batch_size": 32,
-        "env": {"POLLUX_X": "1"},
-        "shm_size_mb": 64,
+        "stop_grace_s": 7200,
+        "labels": {"team name": "vision"},
+        "image": "Ubuntu:22.04",
     }
-    server = server_problems(api_message(values))
-    assert printed == [f"  {f}: {p}" for f, p in server]
-    assert printed == [
-        "  env.POLLUX_X: POLLUX_* variables are set by the launcher; rename it",
-        "  max_batch_size: 32 is below initial_batch_size 64: raise it or leave it 0",
-        "  shm_size_mb: only applies to a container: set image too, or leave it unset",
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(values))
+    assert cli.main(["submit", "-f", str(path)], connect=never_submit) == 1
+    printed = capsys.readouterr().err.splitlines()[1:]
+    assert printed == [f"  {f}: {p}" for f, p in server_problems(api_message(values))]
+    assert [line.split(": ", 1)[0].strip() for line in printed] == [
+        "name",
+        "stop_grace_s",
+        "labels.'team name'",
+        "image",
     ]
