@@ -147,3 +147,19 @@ def test_values_the_server_would_refuse_are_refused_here(
     problems = dict(caught.value.violations)
     assert key in problems, problems
     assert want in problems[key]
+
+
+def test_a_key_that_cannot_be_read_is_not_guessed_by_the_rules_across_keys() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        JobSpec.from_mapping(
+            {
+                "name": "job",
+                "command": ["x"],
+                "initial_batch_size": 8,
+                "image": ["ubuntu"],  # not "no image": shm_size_mb is not refused for want of one
+                "shm_size_mb": 64,
+                "max_batch_size": "big",  # not 0: min_local_batch_size is not compared with 8
+                "min_local_batch_size": 16,
+            }
+        )
+    assert [field for field, _ in caught.value.violations] == ["max_batch_size", "image"]

@@ -511,7 +511,11 @@ def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
     for spec_field in jobspec.FIELDS:
         if (value := data.get(spec_field.key)) is not None:
             read[spec_field.key] = _READERS[spec_field.kind](spec_field, value, problems)
-    values = {**_DEFAULTS, **_readable(read, problems)}
+    readable = _readable(read, problems)
+    # A key left out has its default; one given but unreadable is left out, so that no rule
+    # across keys guesses its value (an image given as a list is not "no image").
+    unreadable = set(read) - set(readable)
+    values = {**{k: v for k, v in _DEFAULTS.items() if k not in unreadable}, **readable}
     problems.extend((found.file_path, found.problem) for found in jobspec.check(values))
     if not problems and (too_large := wire.size_problem(values)):
         problems.append(("spec", too_large))
