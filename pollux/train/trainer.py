@@ -22,6 +22,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset, IterableDataset
 
+from pollux import checks
 from pollux.train.amp import MixedPrecision
 from pollux.train.config import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -468,10 +469,7 @@ class ElasticTrainer:
 
 
 def _check_arguments(model: nn.Module, optimizer: Optimizer, init_batch_size: int) -> None:
-    if isinstance(init_batch_size, bool) or not isinstance(init_batch_size, int):
-        raise InvalidValueError("init_batch_size", f"must be an int, got {init_batch_size!r}")
-    if init_batch_size < 1:
-        raise InvalidValueError("init_batch_size", f"must be ≥ 1, got {init_batch_size}")
+    checks.whole_number(init_batch_size, least=1, error=InvalidValueError.of("init_batch_size"))
     known = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if not any(id(p) in known for p in model.parameters()):
         raise InvalidValueError(

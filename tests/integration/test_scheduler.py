@@ -15,6 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
+from pollux.client.errors import JobSpecError
+from pollux.client.types import JobSpec
+from pollux.jobspec import file_path_of
 from pollux.policy.goodput_policy import JCT_OBJECTIVE, PolluxPolicy
 from pollux.policy.registry import DEFAULT_POLICY
 from pollux.policy.tenant_shares import Ledger
@@ -147,6 +150,41 @@ async def test_bad_spec_is_rejected_with_every_field_and_nothing_stored(
     } <= fields
     jobs, _ = await store.list_jobs()
     assert jobs == []
+
+
+async def test_the_server_refuses_a_raw_spec_in_the_words_the_client_uses(
+    replica: Replica, store: Store
+) -> None:
+    file = {
+        "name": "train",
+        "command": ["python", "t.py"],
+        "initial_batch_size": 64,
+        "max_batch_size": 32,
+        "env": {"POLLUX_X": "1"},
+        "shm_size_mb": 64,
+    }
+    with pytest.raises(JobSpecError) as client:
+        JobSpec.from_mapping(file)
+    raw = pb.JobSpec(
+        name="train",
+        command=["python", "t.py"],
+        batch=pb.BatchLimits(initial_batch_size=64, max_batch_size=32),
+        env={"POLLUX_X": "1"},
+        shm_size_mb=64,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=raw, request_id="r-3"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    detail = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(detail)
+    fields = [v.field for v in detail.field_violations]
+    assert fields == ["spec.env[POLLUX_X]", "spec.batch.max_batch_size", "spec.shm_size_mb"]
+    assert [(file_path_of(v.field), v.description) for v in detail.field_violations] == [
+        tuple(v) for v in client.value.violations
+    ]
+    assert (await store.list_jobs())[0] == []
 
 
 async def test_an_oversized_spec_is_refused_and_nothing_stored(

@@ -29,10 +29,6 @@ PAGES = sorted(
 )
 """The project's own pages (vendored READMEs under data/ and static/vendor/ are not ours)."""
 
-PENDING_PAGES = frozenset({"docs/job-file.md"})
-"""Pages the guides link to that another branch is adding (the job-file reference). A link to
-one passes while it is missing; once it exists it is checked like any other. Remove an entry
-when its page has landed."""
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+).+?\1")
@@ -100,7 +96,7 @@ def _problem(page: Path, target: str) -> str | None:
         return f"{target}: leads outside the repository"
     relative = resolved.relative_to(REPO).as_posix()
     if not resolved.exists():
-        return None if relative in PENDING_PAGES else f"{target}: {relative} does not exist"
+        return f"{target}: {relative} does not exist"
     if not fragment or resolved.suffix != ".md":
         return None
     if unquote(fragment) not in anchors(resolved.read_text(encoding="utf-8")):

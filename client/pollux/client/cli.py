@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 
+from pollux import jobspec
 from pollux.client import cli_admin, cli_jobs, completion
 from pollux.client import format as fmt
 from pollux.client.client import Client
@@ -50,9 +51,9 @@ from pollux.client.types import (
     SCALING_RULES,
     TERMINAL_STATES,
     JobSpec,
-    Mount,
     read_job_file,
 )
+from pollux.jobspec import Mount
 
 SERVER_ENV = "POLLUX_SERVER"
 EXIT_ERROR = 1
@@ -66,15 +67,12 @@ T = TypeVar("T")
 class SpecFlag(NamedTuple):
     """A job-file key that a flag of `submit`/`estimate` sets: one name for one setting.
 
-    The flag is the key with dashes (`flag`), so a user who knows one knows the other; the
-    API's field path (`api_field`) is translated back to the key in the errors the CLI prints.
+    The flag is the key with dashes (`flag`), so a user who knows one knows the other; its
+    type and help come from the job-spec contract's table (`pollux.jobspec.FIELDS`), and the
+    API's field path of the key is translated back to the key in the errors the CLI prints.
     """
 
     key: str
-    kind: Callable[[str], Any]
-    help: str
-    api_field: str = ""
-    """Path of the field in the API's JobSpec when it is not ``spec.<key>``."""
     old_flag: str = ""
     """A former spelling, still accepted (hidden) with a deprecation warning."""
 
@@ -83,42 +81,26 @@ class SpecFlag(NamedTuple):
         """``--initial-batch-size`` for ``initial_batch_size``."""
         return "--" + self.key.replace("_", "-")
 
+    @property
+    def field(self) -> jobspec.Field:
+        """The key's entry in the job-spec contract."""
+        return jobspec.BY_KEY[self.key]
 
-# The single table of the spec's flag names, file keys and API field paths.
+
+# The keys that are flags of their own (env, labels, mounts, scaling_rule and the command have
+# flags of other shapes, below), with the former spellings still accepted.
 _SPEC_FLAGS: tuple[SpecFlag, ...] = (
-    SpecFlag("name", str, "job name: 1-63 of [a-z0-9-], starting with a letter"),
-    SpecFlag(
-        "initial_batch_size",
-        int,
-        "initial total batch size M0 (LR tuned for it)",
-        "spec.batch.initial_batch_size",
-        "--batch-size",
-    ),
-    SpecFlag(
-        "max_batch_size", int, "largest total batch (default: M0)", "spec.batch.max_batch_size"
-    ),
-    SpecFlag(
-        "min_local_batch_size", int, "smallest per-GPU batch", "spec.batch.min_local_batch_size"
-    ),
-    SpecFlag(
-        "max_local_batch_size",
-        int,
-        "largest per-GPU batch (memory)",
-        "spec.batch.max_local_batch_size",
-    ),
-    SpecFlag("max_replicas", int, "most GPUs the job may use (default: no limit)"),
-    SpecFlag("max_failures", int, "failed replica exits tolerated (default 3)"),
-    SpecFlag(
-        "stop_grace_s", int, "seconds from SIGTERM to SIGKILL (default 30)", old_flag="--stop-grace"
-    ),
-    SpecFlag("working_dir", str, "working directory of every replica", old_flag="--workdir"),
-    SpecFlag("image", str, "OCI image the replicas run in (the launcher needs a runtime)"),
-    SpecFlag(
-        "shm_size_mb",
-        int,
-        "container /dev/shm size in MiB (default: runtime's)",
-        old_flag="--shm-size",
-    ),
+    SpecFlag("name"),
+    SpecFlag("initial_batch_size", "--batch-size"),
+    SpecFlag("max_batch_size"),
+    SpecFlag("min_local_batch_size"),
+    SpecFlag("max_local_batch_size"),
+    SpecFlag("max_replicas"),
+    SpecFlag("max_failures"),
+    SpecFlag("stop_grace_s", "--stop-grace"),
+    SpecFlag("working_dir", "--workdir"),
+    SpecFlag("image"),
+    SpecFlag("shm_size_mb", "--shm-size"),
 )
 
 
@@ -143,7 +125,6 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-_MAP_ENTRY = re.compile(r"^(env|secret_env|labels)\[(.*)\]$")
 _API_PATH = re.compile(r"\bspec(?:\.[a-z_]+)+")
 
 
@@ -154,13 +135,7 @@ def file_key_path(field: str) -> str:
     (as the client's own checks name it); a path outside the spec (``request_id``) is
     returned as it is.
     """
-    for flag in _SPEC_FLAGS:
-        api = flag.api_field
-        if api and (field == api or field.startswith((f"{api}.", f"{api}["))):
-            return flag.key + field[len(api) :]
-    if not field.startswith("spec."):
-        return field
-    return _MAP_ENTRY.sub(r"\1.\2", field.removeprefix("spec."))
+    return jobspec.file_path_of(field)
 
 
 def _file_names(text: str) -> str:
@@ -320,10 +295,15 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     """A job's file and flags (submit, estimate)."""
     p.add_argument("-f", "--file", help="job file: YAML, JSON or TOML with JobSpec keys")
     for spec_flag in _SPEC_FLAGS:
-        kind = non_negative_int if spec_flag.kind is int else spec_flag.kind
-        metavar = "N" if spec_flag.kind is int else spec_flag.key.upper()
+        whole = spec_flag.field.kind is jobspec.Kind.COUNT
+        kind = non_negative_int if whole else str
+        metavar = "N" if whole else spec_flag.key.upper()
         p.add_argument(
-            spec_flag.flag, dest=spec_flag.key, type=kind, metavar=metavar, help=spec_flag.help
+            spec_flag.flag,
+            dest=spec_flag.key,
+            type=kind,
+            metavar=metavar,
+            help=spec_flag.field.summary,
         )
         if spec_flag.old_flag:
             p.add_argument(
@@ -335,7 +315,9 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
                 new_flag=spec_flag.flag,
                 help=argparse.SUPPRESS,
             )
-    p.add_argument("--scaling-rule", choices=SCALING_RULES, help="LR scaling rule")
+    p.add_argument(
+        "--scaling-rule", choices=SCALING_RULES, help=jobspec.BY_KEY["scaling_rule"].summary
+    )
     p.add_argument(
         "--env", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
     )
@@ -652,8 +634,8 @@ def _top(args: argparse.Namespace, client: Client) -> None:
         cluster = client.cluster_status()
         jobs = list(client.list_jobs(states=active))
         if args.output == "table":
-            shown = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
-            text = fmt.top_text(*shown, _now())
+            printable = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
+            text = fmt.top_text(*printable, _now())
         else:
             text = fmt.render_data({"cluster": cluster, "jobs": jobs}, args.output)
         text = fmt.for_terminal(text, raw=args.raw)

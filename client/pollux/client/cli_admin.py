@@ -114,19 +114,19 @@ def _data(message: Message) -> dict[str, Any]:
 
 
 def _emit(args: argparse.Namespace, data: Any, table: Callable[[], str]) -> None:
-    """Print `table()` (its cells escaped unless ``--raw``: `_shown`), or `data` as JSON/YAML."""
+    """Print `table()` (its cells escaped unless ``--raw``: `_escaped`), or `data` as JSON/YAML."""
     text = table() if args.output == "table" else fmt.render_data(data, args.output)
     print(fmt.for_terminal(text, raw=args.raw), flush=True)
 
 
-def _shown(args: argparse.Namespace, value: T) -> T:
+def _escaped(args: argparse.Namespace, value: T) -> T:
     """`value` (messages, lists of them) with every string escaped, unless ``--raw``."""
     return value if args.raw else fmt.escaped(value)
 
 
 def _whoami(args: argparse.Namespace, client: Client) -> None:
     got = client.whoami()
-    me = _shown(args, got)
+    me = _escaped(args, got)
     _emit(
         args,
         _data(got),
@@ -138,7 +138,7 @@ def _whoami(args: argparse.Namespace, client: Client) -> None:
 
 def _usage(args: argparse.Namespace, client: Client) -> None:
     got = client.usage(tenant=args.tenant, user=args.user, since=args.since)
-    rows = _shown(args, got)
+    rows = _escaped(args, got)
     _emit(
         args,
         [_data(r) for r in got],
@@ -167,7 +167,7 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
             ttl_s=args.ttl,
             description=args.description,
         )
-        made = _shown(args, got)
+        made = _escaped(args, got)
         _emit(
             args,
             {"token": _data(got.token), "secret": got.secret},
@@ -178,10 +178,10 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         )
     elif area == "token" and action == "revoke":
         client.revoke_token(args.token_id)
-        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {_shown(args, args.token_id)}")
+        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {_escaped(args, args.token_id)}")
     elif area == "token":
         got_tokens = client.list_tokens(args.user)
-        tokens = _shown(args, got_tokens)
+        tokens = _escaped(args, got_tokens)
         _emit(
             args,
             [_data(t) for t in got_tokens],
@@ -204,14 +204,14 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         stored = client.put_tenant(
             args.name, guarantee_gpus=args.guarantee, weight=args.weight, cap_gpus=args.cap
         )
-        name = _shown(args, stored.name)
+        name = _escaped(args, stored.name)
         _emit(args, _data(stored), lambda: f"tenant {name} saved")
     elif area == "tenant" and action == "rm":
         client.delete_tenant(args.name)
-        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {_shown(args, args.name)}")
+        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {_escaped(args, args.name)}")
     elif area == "tenant":
         got_tenants = client.list_tenants()
-        tenants = _shown(args, got_tenants)
+        tenants = _escaped(args, got_tenants)
         _emit(
             args,
             [_data(t) for t in got_tenants],
@@ -222,7 +222,7 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         )
     else:
         got_records = client.audit(args.limit)
-        records = _shown(args, got_records)
+        records = _escaped(args, got_records)
         _emit(
             args,
             [_data(r) for r in got_records],

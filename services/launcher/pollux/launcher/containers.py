@@ -189,12 +189,12 @@ def mount_problems(
     ``container_mounts_allowed`` prefixes, themselves resolved: a job may not mount the host's
     /etc, a service's state, or the container runtime's socket.
     """
-    shown = ", ".join(map(str, allowed)) or "(none)"
+    prefixes = ", ".join(map(str, allowed)) or "(none)"
     problems = []
     for host, _, _ in mounts:
         if not inside(host, allowed):
             problems.append(
-                f"mount of {host} is not allowed on {node} (container_mounts_allowed: {shown}): "
+                f"mount of {host} is not allowed on {node} (container_mounts_allowed: {prefixes}): "
                 "have the operator allow it or drop the mount"
             )
     return problems

@@ -252,7 +252,7 @@ class JobPolicy:
         if not working_dir:
             return []  # the launcher's default: the operator's choice
         roots = [*self.allowed_roots, *([default] if default is not None else [])]
-        shown = ", ".join(str(r) for r in roots) or "(none)"
+        roots_list = ", ".join(str(r) for r in roots) or "(none)"
         fix = "set job_policy.allowed_roots on the launcher or use a directory under them"
         if "\0" in working_dir:
             return ["working_dir contains a NUL byte: remove it"]
@@ -262,7 +262,7 @@ class JobPolicy:
             return []
         real = os.path.realpath(working_dir)
         via = "" if real == working_dir else f" (it resolves to {real})"
-        return [f"working_dir {working_dir}{via} is outside the allowed roots {shown}: {fix}"]
+        return [f"working_dir {working_dir}{via} is outside the allowed roots {roots_list}: {fix}"]
 
     def env_problems(
         self, env: Mapping[str, str], where: str, *, container: bool = False

@@ -49,8 +49,8 @@ _CHUNK_LINES = 512
 """Most lines per follow batch (one StreamLogs message)."""
 _DRAIN_S = 5.0
 """How long output is drained after the process exits."""
-_SHOWN_CHARS = 512
-"""A command is quoted in messages up to this length (it is user input)."""
+_QUOTED_CHARS = 512
+"""Longest user or runtime text quoted in a message or log line (a command, stderr)."""
 _SIGNAL_RETRY_S = 0.5
 """Pause between attempts to SIGTERM a container that does not exist yet."""
 _CONTAINER_KILLED = 128 + signal.SIGKILL
@@ -78,9 +78,9 @@ def mentions_disk_full(lines: Sequence[str]) -> str:
     return ""
 
 
-def _shown(command: Sequence[str]) -> str:
+def _quoted_command(command: Sequence[str]) -> str:
     text = repr(list(command))
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "…"
 
 
 class LogRing:
@@ -380,7 +380,7 @@ class Replica:
         except Exception as error:
             # Whatever the exec refused (a missing program or working dir, a NUL byte in an
             # argument, the environment or the working dir), the replica failed to start.
-            message = f"pollux-launcher: cannot start {_shown(spec.command)}: {error}"
+            message = f"pollux-launcher: cannot start {_quoted_command(spec.command)}: {error}"
             self.log.append(message)
             sink.write([message])
             sink.close()
@@ -471,7 +471,7 @@ class Replica:
             self._log.warning(
                 "container_remove_failed",
                 container=container.name,
-                error=err.decode(errors="replace").strip()[:_SHOWN_CHARS],
+                error=err.decode(errors="replace").strip()[:_QUOTED_CHARS],
             )
 
     def killed(self, code: int | None) -> bool:

@@ -21,14 +21,15 @@ from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
-from pollux.scheduler.lifecycle import S
+from pollux.scheduler.lifecycle import state_name
 from pollux.scheduler.limits import LimitsConfig, SubmitLimits
 from pollux.scheduler.logs import LauncherLogs
 from pollux.service import auth
-from pollux.service.errors import InvalidArgument, NotFound, shown
+from pollux.service.errors import InvalidArgument, NotFound
 from pollux.service.mirror import ClusterMirror, JobSummary, named
 from pollux.service.rpc import annotate
 from pollux.service.store import Entry, Store
+from pollux.terminal import quoted
 from pollux.v1 import types_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -151,9 +152,8 @@ class ServicerBase:
                 listed, _ = await self.store.list_jobs()
                 found = named(map(JobSummary.of, (e.value for e in listed)), text, owner)
         if len(found) > 1:
-            shown_ = ", ".join(
-                f"{j.order[1]} ({j.name}, {S.Name(j.state).removeprefix('JOB_STATE_')})"
-                for j in found[:AMBIGUOUS_SHOWN]
+            candidates = ", ".join(
+                f"{j.order[1]} ({j.name}, {state_name(j.state)})" for j in found[:AMBIGUOUS_SHOWN]
             )
             more = (
                 f" and {len(found) - AMBIGUOUS_SHOWN} more" if len(found) > AMBIGUOUS_SHOWN else ""
@@ -162,7 +162,7 @@ class ServicerBase:
                 [
                     (
                         "job_id",
-                        f"{shown(text)} matches {len(found)} jobs: {shown_}{more}; "
+                        f"{quoted(text)} matches {len(found)} jobs: {candidates}{more}; "
                         "use the id (or more of it)",
                     )
                 ],
@@ -171,7 +171,7 @@ class ServicerBase:
         entry = await self.store.get_job(found[0].order[1]) if found else None
         if entry is None:
             raise NotFound(
-                f"job {shown(text)} not found: no job you can see has that id, id prefix or name "
+                f"job {quoted(text)} not found: no job you can see has that id, id prefix or name "
                 "(pollux-cli ls lists jobs)"
             )
         return entry

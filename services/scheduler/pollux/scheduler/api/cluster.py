@@ -15,15 +15,16 @@ from pollux.scheduler.cycle import cluster_state
 from pollux.scheduler.estimate import estimate, reference_work
 from pollux.scheduler.explain import counterfactual
 from pollux.scheduler.leader import current_leader
-from pollux.scheduler.lifecycle import ACTIVE, S
+from pollux.scheduler.lifecycle import ACTIVE, state_name
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service import auth
-from pollux.service.errors import FailedPrecondition, shown
+from pollux.service.errors import FailedPrecondition
 from pollux.service.store import Snapshot
+from pollux.terminal import quoted
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
-_GPU_CHANGES = (S.JOB_STATE_ALLOCATED, S.JOB_STATE_RESCALING)
+_GPU_CHANGES = (pb.JOB_STATE_ALLOCATED, pb.JOB_STATE_RESCALING)
 
 
 class ClusterViews(ServicerBase):
@@ -40,7 +41,7 @@ class ClusterViews(ServicerBase):
                 response.round.CopyFrom(decision)
                 response.round.ClearField("jobs")
                 break
-        if not response.HasField("decision") and job.state == S.JOB_STATE_PENDING:
+        if not response.HasField("decision") and job.state == pb.JOB_STATE_PENDING:
             response.decision.job_id = job.id
             response.decision.reason = "pending: waiting for GPUs behind other jobs"
         model = await self.store.get_model(job.id)
@@ -72,7 +73,7 @@ class ClusterViews(ServicerBase):
         )
         if found is None:
             raise FailedPrecondition(
-                f"no earlier job named {shown(spec.name)} of yours has reported a throughput "
+                f"no earlier job named {quoted(spec.name)} of yours has reported a throughput "
                 "model and a declared size: run it once (the estimate uses its measured goodput "
                 "and size; the training library declares the size with trainer.epochs(N))"
             )
@@ -99,7 +100,7 @@ class ClusterViews(ServicerBase):
         )
         if result is None:
             raise FailedPrecondition(
-                f"the forecast did not finish {shown(spec.name)} within its horizon: the "
+                f"the forecast did not finish {quoted(spec.name)} within its horizon: the "
                 "cluster is too busy to say"
             )
         response = spb.EstimateJobResponse(
@@ -178,7 +179,7 @@ class ClusterViews(ServicerBase):
             if job.state in ACTIVE:
                 for held in job.allocation.nodes:
                     by_node.setdefault(held, []).append(job.id)
-        counts = {S.Name(state).removeprefix("JOB_STATE_"): n for state, n in states.items()}
+        counts = {state_name(state): n for state, n in states.items()}
         response = spb.ClusterStatusResponse(
             agents=snapshot.agents,
             answered_by=self.replica_id,
@@ -212,7 +213,7 @@ def last_change(job: pb.Job) -> pb.StateTransition | None:
     history = list(job.history)
     for index in range(len(history) - 1, -1, -1):
         entry = history[index]
-        if entry.state in _GPU_CHANGES or (entry.state == S.JOB_STATE_PENDING and index > 0):
+        if entry.state in _GPU_CHANGES or (entry.state == pb.JOB_STATE_PENDING and index > 0):
             return entry
     return None
 

@@ -12,9 +12,10 @@ import base64
 from pollux.scheduler.access import check_person, owner_filter, redacted
 from pollux.scheduler.api.base import Context, ServicerBase, creation_order
 from pollux.scheduler.cycle import seconds_left
-from pollux.scheduler.lifecycle import ACTIVE, S
+from pollux.scheduler.lifecycle import ACTIVE
 from pollux.service import auth
-from pollux.service.errors import InvalidArgument, PermissionDenied, shown
+from pollux.service.errors import InvalidArgument, PermissionDenied
+from pollux.terminal import quoted
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
@@ -56,7 +57,7 @@ class JobReads(ServicerBase):
             except ValueError:
                 problems.append(("page_token", "not a token from a previous ListJobs response"))
         for state in request.states:
-            if state not in S.values() or state == S.JOB_STATE_UNSPECIFIED:
+            if state not in pb.JobState.values() or state == pb.JOB_STATE_UNSPECIFIED:
                 problems.append(("states", f"{state} is not a job state"))
         if problems:
             raise InvalidArgument(problems)
@@ -114,7 +115,7 @@ class JobReads(ServicerBase):
         if request.owner:
             if owner is not None and request.owner != owner:
                 raise PermissionDenied(
-                    f"{owner} may list only their own jobs, not {shown(request.owner)}'s "
+                    f"{owner} may list only their own jobs, not {quoted(request.owner)}'s "
                     "(leave owner empty, or ask an admin)"
                 )
             owner = request.owner

@@ -17,12 +17,13 @@ import structlog
 
 from pollux.scheduler.access import check_person, redacted
 from pollux.scheduler.api.base import Context, ServicerBase
-from pollux.scheduler.lifecycle import TERMINAL, S
+from pollux.scheduler.lifecycle import TERMINAL, state_name
 from pollux.scheduler.validation import normalised, validate_submit
 from pollux.service import auth
-from pollux.service.errors import FailedPrecondition, ResourceExhausted, shown
+from pollux.service.errors import FailedPrecondition, ResourceExhausted
 from pollux.service.seeding import seeded
 from pollux.service.store import Conflict
+from pollux.terminal import quoted
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
@@ -99,12 +100,12 @@ class JobWrites(ServicerBase):
             id=f"j-{uuid.uuid4().hex[:10]}",
             spec=normalised(request.spec),
             request_id=request.request_id,
-            state=S.JOB_STATE_PENDING,
+            state=pb.JOB_STATE_PENDING,
             owner=caller.name,
             tenant=caller.tenant,
         )
         job.create_time.FromNanoseconds(int(now * 1e9))
-        entry = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+        entry = job.history.add(state=pb.JOB_STATE_PENDING, reason="submitted")
         entry.time.CopyFrom(job.create_time)
         seed = await self._seed(job, now) if self.seed_profiles else None
         stored, created = await self.store.create_job(job, seed)
@@ -152,12 +153,11 @@ class JobWrites(ServicerBase):
         """Flag the job; the leader stops it in the next round (triggered now)."""
         for _ in range(10):
             job, revision = await self._job(request.job_id, "CancelJob")
-            if job.state == S.JOB_STATE_CANCELLED or job.cancel_requested:
+            if job.state == pb.JOB_STATE_CANCELLED or job.cancel_requested:
                 return spb.CancelJobResponse(job=redacted(job))
             if job.state in TERMINAL:
                 raise FailedPrecondition(
-                    f"job {job.id} already {S.Name(job.state).removeprefix('JOB_STATE_')}; "
-                    "nothing to cancel"
+                    f"job {job.id} already {state_name(job.state)}; nothing to cancel"
                 )
             job.cancel_requested = True
             job.cancel_reason = cancel_reason(auth.current().name, request.reason)
@@ -167,7 +167,7 @@ class JobWrites(ServicerBase):
                 await asyncio.sleep(0.01)
                 continue
             self.on_change()
-            log.info("job_cancel_requested", job_id=job.id, reason=shown(request.reason, 200))
+            log.info("job_cancel_requested", job_id=job.id, reason=quoted(request.reason, 200))
             await self._leader_metadata(context)
             return spb.CancelJobResponse(job=redacted(job))
         raise Conflict(self.store.keys.job(job.id))
@@ -179,7 +179,7 @@ class JobWrites(ServicerBase):
         job, revision = await self._job(request.job_id, "DeleteJob")
         if job.state not in TERMINAL:
             raise FailedPrecondition(
-                f"job {job.id} is {S.Name(job.state).removeprefix('JOB_STATE_')}; "
+                f"job {job.id} is {state_name(job.state)}; "
                 "cancel it first (pollux-cli cancel) and delete it once it has stopped"
             )
         await self.store.delete_job(job, expected=revision)
