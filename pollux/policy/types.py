@@ -224,11 +224,18 @@ class JobExplain:
         penalty: Factor applied to the speedup for re-allocating (1.0 when unchanged).
         reason: One line a user can read, e.g. "unchanged", "scaled 2 → 4 GPUs",
             "pending: higher-priority jobs hold every GPU".
+        gpu_type: The GPU type of the new allocation ("" with no GPUs, or on a cluster of
+            one unnamed type).
+        gpu_price: With several GPU types: the round's price of one GPU of `gpu_type` in
+            the policy's utility (what a GPU of that type was worth at the margin); None
+            when not priced.
     """
 
     speedup: float
     penalty: float
     reason: str
+    gpu_type: str = ""
+    gpu_price: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
