@@ -1,0 +1,153 @@
+"""A Pollux round on several GPU types: solve the typed problem, place it, explain it.
+
+`solve` turns a `TypedProblem` into the solver's options (one row per node group; with
+tenants, one more per tenant budget), assigns them (`pollux.policy.assignment.assign`) and
+places the result (`pollux.policy.typed_placement.place`); `decision` writes the round's
+answer: allocations, each job's speedup, penalty, GPU type and that type's price per GPU,
+and the power mean the single-type policy reports. The certified gap (the assignment's
+bound against what placement achieved) comes with the result, for the journal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pollux.policy.allocation import gpus
+from pollux.policy.assignment import Assignment, Options, assign
+from pollux.policy.quota import Quota
+from pollux.policy.typed_placement import Placed, place
+from pollux.policy.typed_problem import TypedProblem
+from pollux.policy.types import AllocationDecision, JobExplain
+from pollux.policy.valuation import power_mean
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class TypedResult:
+    """One typed round's answer before it becomes a decision.
+
+    Attributes:
+        assignment: The solver's answer (its bound, prices, method).
+        placed: Where every job runs.
+        value: Σ gain (utility over no GPUs) of the placed allocations.
+    """
+
+    assignment: Assignment
+    placed: Placed
+    value: float
+
+    @property
+    def gap(self) -> float:
+        """Certified gap of the placed allocations: (bound − value) / bound, ≥ 0."""
+        bound = self.assignment.upper_bound
+        return 0.0 if bound <= 1e-12 else max(0.0, (bound - self.value) / bound)
+
+
+def options(problem: TypedProblem, quota: Quota | None = None) -> Options:
+    """The solver's options: a row per node group, then one per tenant of `quota`."""
+    gain = problem.utility - problem.idle[:, None]
+    groups = problem.option_group()
+    gain = np.where(groups >= 0, gain, -np.inf)
+    capacity = problem.capacity.astype(np.float64)
+    rows = groups[:, :, None]
+    if quota is not None:
+        tenant_rows = np.broadcast_to(len(problem.groups) + quota.of_job[:, None], groups.shape)
+        rows = np.stack([groups, tenant_rows], axis=2)
+        capacity = np.concatenate([capacity, quota.budget.astype(np.float64)])
+    return Options.build(gain, problem.option_gpus(), rows, capacity)
+
+
+def solve(problem: TypedProblem, quota: Quota | None = None) -> TypedResult:
+    """Assign and place every job (module docstring); `quota`: tenant budgets to keep."""
+    answer = assign(options(problem, quota))
+    budgets = None if quota is None else (quota.of_job, quota.budget.astype(np.float64))
+    placed = place(problem, answer.column, budgets)
+    return TypedResult(answer, placed, _gain(problem, placed))
+
+
+def _gain(problem: TypedProblem, placed: Placed) -> float:
+    """Σ (U − U0) of the placed allocations."""
+    total = 0.0
+    for j in np.nonzero(placed.group >= 0)[0].tolist():
+        speed = float(placed.speed[j])
+        total += problem.value(j, speed, bool(placed.changed[j])) - float(problem.idle[j])
+    return total
+
+
+def matrix(problem: TypedProblem, placed: Placed) -> IntArray:
+    """The placement as the single-type policy's jobs × nodes matrix (state node order)."""
+    index = {node.name: i for i, node in enumerate(problem.state.nodes)}
+    out = np.zeros((problem.num_jobs, len(index)), dtype=np.int64)
+    for j, job in enumerate(problem.state.jobs):
+        for name in placed.allocations[job.name]:
+            out[j, index[name]] += 1
+    return out
+
+
+def decision(problem: TypedProblem, result: TypedResult) -> AllocationDecision[Any]:
+    """The round's decision: allocations and explanations (module docstring)."""
+    placed = result.placed
+    prices = result.assignment.prices
+    explain, xs = {}, []
+    for j, job in enumerate(problem.state.jobs):
+        g = int(placed.group[j])
+        speed, changed = float(placed.speed[j]), bool(placed.changed[j])
+        factor = float(problem.penalty[j]) if changed and g >= 0 else 1.0
+        xs.append(problem.x_value(speed, factor))
+        gpu_type = problem.groups[g].gpu_type if g >= 0 else ""
+        price = float(prices[g]) if g >= 0 and g < prices.size else None
+        explain[job.name] = JobExplain(
+            speedup=speed,
+            penalty=factor,
+            reason=_reason(problem, placed, j),
+            gpu_type=gpu_type,
+            gpu_price=price,
+        )
+    objective = power_mean(np.array(xs), problem.params.p) if xs else float("nan")
+    return AllocationDecision(
+        allocations=dict(placed.allocations), explain=explain, objective=objective
+    )
+
+
+def _reason(problem: TypedProblem, placed: Placed, j: int) -> str:
+    """One line for job j, naming GPU types (`Problem._reason`'s with types)."""
+    job = problem.state.jobs[j]
+    alloc = placed.allocations[job.name]
+    k_old, k_new = len(job.allocation), len(alloc)
+    g = int(placed.group[j])
+    kind = problem.groups[g].gpu_type if g >= 0 else ""
+    where = f"{_count(len(set(alloc)), 'node')} of {kind or 'its type'}"
+    old = {problem.groups[int(problem.current_group[j])].gpu_type} if k_old else set()
+    if k_old and problem.current_group[j] < 0:
+        index = {n: grp.gpu_type for grp in problem.groups for n in grp.nodes}
+        old = {index[n] for n in job.allocation}
+    if k_new == 0 and placed.changed[j]:
+        return f"suspended: its {gpus(k_old)} are worth more to other jobs"
+    if k_new == 0:
+        if not any(job.allows(grp.gpu_type) for grp in problem.groups):
+            allowed = ", ".join(sorted(job.gpu_types or ())) or "none"
+            return f"pending: no node has a GPU type it may use ({allowed})"
+        if job.max_replicas == 0:
+            return "pending: max_replicas is 0"
+        return "pending: every free GPU is worth more to other jobs"
+    if not placed.changed[j]:
+        return f"unchanged: {gpus(k_new)} on {where}"
+    if k_old == 0:
+        return f"started on {gpus(k_new)} across {where}"
+    if old != {kind}:
+        before = "/".join(sorted(old)) or "its type"
+        size = gpus(k_new) if k_old == k_new else f"{k_old} → {gpus(k_new)}"
+        return f"moved {before} → {kind}: {size} ({where})"
+    if k_old != k_new:
+        return f"scaled {k_old} → {gpus(k_new)} ({where})"
+    return f"re-placed: {gpus(k_new)} now on {where}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
