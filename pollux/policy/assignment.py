@@ -81,7 +81,7 @@ class Options:
             column=cols.astype(np.int64),
             gain=gain[jobs, cols].astype(np.float64),
             gpus=gpus[jobs, cols].astype(np.float64),
-            rows=rows[jobs, cols].reshape(jobs.size, -1).astype(np.int64),
+            rows=rows[jobs, cols].reshape(jobs.size, rows.shape[2]).astype(np.int64),
             capacity=np.asarray(capacity, dtype=np.float64),
         )
 
@@ -172,7 +172,8 @@ def assign(options: Options) -> Assignment:
 def _answer(
     options: Options, picked: IntArray, bound: float, prices: FloatArray, method: str
 ) -> Assignment:
-    column = np.where(picked >= 0, options.column[np.maximum(picked, 0)], -1)
+    column = np.full(picked.size, -1, dtype=np.int64)
+    column[picked >= 0] = options.column[picked[picked >= 0]]
     value = options.value(picked)
     return Assignment(picked, column, value, max(bound, value), prices, method)
 
@@ -450,7 +451,7 @@ class _Dual:
         duals = -np.asarray(res.ineqlin.marginals)[sub.num_jobs :]
         return np.asarray(np.clip(duals, 0.0, self.top), dtype=np.float64)
 
-    def minimise(self, iterations: int, tolerance: float = 1e-6) -> tuple[FloatArray, float]:
+    def minimise(self, iterations: int, tolerance: float = 1e-5) -> tuple[FloatArray, float]:
         """Prices of (nearly) least D, and D there, by box-step cutting planes.
 
         Kelley's cutting planes in a box around the best prices so far, from `start`.

@@ -168,8 +168,12 @@ def ranks(remaining: FloatArray) -> FloatArray:
     out = np.full(m, (m + 1) / 2.0)
     t = remaining[known]
     if t.size:
-        above = (t[None, :] > t[:, None]).sum(axis=1)
-        ties = (t[None, :] == t[:, None]).sum(axis=1) - 1
+        # Counts by binary search in the sorted times: O(m log m), the same integers as
+        # comparing every pair.
+        order = np.sort(t)
+        below_or_equal = np.searchsorted(order, t, side="right")
+        above = t.size - below_or_equal
+        ties = below_or_equal - np.searchsorted(order, t, side="left") - 1
         out[known] = 1.0 + above + 0.5 * ties + 0.5 * unknown
     return out
 

@@ -49,38 +49,87 @@ def model_for(job: JobInfo, gpu_type: str) -> GoodputModel | None:
     return None
 
 
-class _Entry:
-    """One job's model on one group and its goodputs (NaN: not computed yet).
+class _Store:
+    """One node group's goodputs, a row per job (NaN: not computed yet).
 
-    On the group's configurations, on the normaliser's reference sizes, and on its kept
-    allocation.
+    A row holds the job's model and its goodput on the group's configurations, on the
+    normaliser's reference sizes and on its kept allocation.
     """
 
-    __slots__ = ("cur", "cur_key", "model", "ref", "ref_key", "stamp", "values")
+    def __init__(self, width: int) -> None:
+        self.index: dict[str, int] = {}
+        self.models: list[GoodputModel] = []
+        self.values = np.empty((0, width))
+        self.ref_key = (0, 0)
+        self.ref = np.empty((0, 0))
+        self.cur_key = np.zeros((0, 2), dtype=np.int64)
+        self.cur = np.empty(0)
+        self.stamp = np.zeros(0, dtype=np.int64)
 
-    def __init__(self, model: GoodputModel, size: int, stamp: int) -> None:
-        self.model = model
-        self.values = np.full(size, np.nan)
-        self.ref_key: tuple[int, int] = (0, 0)
-        self.ref = np.zeros(0)
-        self.cur_key: tuple[int, int] = (0, 0)
-        self.cur = np.nan
-        self.stamp = stamp
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def rows(
+        self, names: list[str], models: list[GoodputModel], stamp: int, ref_key: tuple[int, int]
+    ) -> IntArray:
+        """Each job's row, emptied where its model changed, added where it had none."""
+        out = np.empty(len(names), dtype=np.int64)
+        fresh: list[int] = []
+        index, known = self.index, self.models
+        for i, (name, model) in enumerate(zip(names, models, strict=True)):
+            row = index.get(name)
+            if row is None:
+                row = len(known)
+                index[name] = row
+                known.append(model)
+                fresh.append(row)
+            elif not (known[row] is model or known[row] == model):
+                known[row] = model
+                fresh.append(row)
+            out[i] = row
+        grow = len(known) - self.values.shape[0]
+        if grow > 0:
+            self.values = np.concatenate([self.values, np.empty((grow, self.values.shape[1]))])
+            self.ref = np.concatenate([self.ref, np.empty((grow, self.ref.shape[1]))])
+            self.cur_key = np.concatenate([self.cur_key, np.zeros((grow, 2), dtype=np.int64)])
+            self.cur = np.concatenate([self.cur, np.empty(grow)])
+            self.stamp = np.concatenate([self.stamp, np.zeros(grow, dtype=np.int64)])
+        if ref_key != self.ref_key:
+            self.ref_key = ref_key
+            self.ref = np.full((self.values.shape[0], ref_key[1]), np.nan)
+        reset = np.array(fresh, dtype=np.int64)
+        self.values[reset] = np.nan
+        self.ref[reset] = np.nan
+        self.cur_key[reset] = 0
+        self.cur[reset] = np.nan
+        self.stamp[out] = stamp
+        return out
+
+    def keep(self, limit: int) -> None:
+        """Drop the rows unused longest until at most `limit` remain."""
+        if len(self.index) <= limit:
+            return
+        kept = np.sort(np.argsort(-self.stamp, kind="stable")[:limit])
+        names = {row: name for name, row in self.index.items()}
+        self.index = {names[int(r)]: i for i, r in enumerate(kept.tolist())}
+        self.models = [self.models[int(r)] for r in kept.tolist()]
+        self.values, self.ref = self.values[kept], self.ref[kept]
+        self.cur_key, self.cur, self.stamp = self.cur_key[kept], self.cur[kept], self.stamp[kept]
 
 
 class TableCache:
     """Goodputs per (job, node group) kept across rounds while the job's model is unchanged.
 
     A hit needs the very model (or an equal one): the values are those a fresh computation
-    gives, so a decision never depends on what the cache held. At most `limit` entries; the
-    ones unused longest go first. Safe to share between threads; pickles empty.
+    gives, so a decision never depends on what the cache held. At most `limit` jobs per
+    group; the ones unused longest go first. Safe to share between threads; pickles empty.
     """
 
-    def __init__(self, limit: int = 200_000) -> None:
+    def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._entries: dict[tuple[str, str, int, int], _Entry] = {}
-        self._lock = threading.Lock()
-        self._round = 0
+        self.lock = threading.Lock()
+        self.stores: dict[tuple[str, int, int], _Store] = {}
+        self.round = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"limit": self.limit}
@@ -89,26 +138,14 @@ class TableCache:
         self.__init__(int(state["limit"]))  # type: ignore[misc]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(store) for store in self.stores.values())
 
-    def entries(
-        self, keys: list[tuple[str, str, int, int]], models: list[GoodputModel], sizes: list[int]
-    ) -> list[_Entry]:
-        """The entry of each key for its model, a fresh one where the model changed."""
-        with self._lock:
-            self._round += 1
-            stamp, table, out = self._round, self._entries, []
-            for key, model, size in zip(keys, models, sizes, strict=True):
-                entry = table.get(key)
-                if entry is None or not (entry.model is model or entry.model == model):
-                    entry = _Entry(model, size, stamp)
-                    table[key] = entry
-                entry.stamp = stamp
-                out.append(entry)
-            if len(table) > self.limit:
-                keep = sorted(table.items(), key=lambda item: -item[1].stamp)[: self.limit // 2]
-                self._entries = dict(keep)
-            return out
+    def store(self, group: NodeGroup, width: int) -> _Store:
+        """The store of `group`'s goodputs over its `width` configurations."""
+        key = (group.gpu_type, group.gpus_per_node, width)
+        if key not in self.stores:
+            self.stores[key] = _Store(width)
+        return self.stores[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,9 +260,10 @@ def typed_problem(
     num_jobs, width = len(jobs), len(configs_)
 
     group_of = {name: gi for gi, g in enumerate(groups) for name in g.nodes}
-    allowed_type = np.array(
-        [[job.allows(g.gpu_type) for g in groups] for job in jobs], dtype=bool
-    ).reshape(num_jobs, len(groups))
+    allowed_type = np.ones((num_jobs, len(groups)), dtype=bool)
+    for j, job in enumerate(jobs):
+        if job.gpu_types is not None:
+            allowed_type[j] = [g.gpu_type in job.gpu_types for g in groups]
     top = np.array(
         [min(job.max_replicas, total, max_nodes * biggest) for job in jobs], dtype=np.int64
     )
@@ -254,7 +292,7 @@ def typed_problem(
     info = _Jobs(allowed, allowed_type, cur_group, cur_nodes, cur_gpus)
     reference = (ref_nodes, ref_gpus, params.normalisation)
     goodput, cur_goodput, base = _goodputs(
-        jobs, groups, c_nodes, c_gpus, c_group, info, reference, tables
+        jobs, groups, (c_group, c_nodes, c_gpus), info, reference, tables
     )
     speed = np.full((num_jobs, width + 1), np.nan)
     speed[:, :width] = np.where(allowed & (goodput > 0), goodput / base[:, None], np.nan)
@@ -324,14 +362,14 @@ class _Jobs:
 
 @dataclass(slots=True)
 class _Block:
-    """One group's cache entries as matrices while missing goodputs are filled in."""
+    """One group's rows of the round while missing goodputs are filled in."""
 
     group: int
-    rows: IntArray  # positions among the round's entries
-    jobs: IntArray  # their jobs
-    held: list[_Entry]
-    table: FloatArray  # entries × the group's configs
-    ref: FloatArray  # entries × reference sizes
+    store: _Store
+    jobs: IntArray  # the round's jobs on this group
+    rows: IntArray  # their rows in the store
+    table: FloatArray  # jobs × the group's configs
+    ref: FloatArray  # jobs × reference sizes
     now: FloatArray  # kept allocation's goodput (NaN: none or missing)
     need: tuple[npt.NDArray[np.intp], ...]
     ref_need: tuple[npt.NDArray[np.intp], ...]
@@ -341,14 +379,13 @@ class _Block:
 def _goodputs(
     jobs: tuple[JobInfo, ...],
     groups: tuple[NodeGroup, ...],
-    c_nodes: IntArray,
-    c_gpus: IntArray,
-    c_group: IntArray,
+    configs_: tuple[IntArray, IntArray, IntArray],
     info: _Jobs,
     reference: tuple[int, int, Normalisation],
     tables: TableCache | None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Goodput of every allowed (job, config), of each kept allocation, and each base."""
+    c_group, c_nodes, c_gpus = configs_
     num_jobs, width = info.allowed.shape
     ref_nodes, ref_gpus, normalisation = reference
     if normalisation is not Normalisation.FAIR_SHARE:
@@ -356,18 +393,27 @@ def _goodputs(
     ref_k = np.arange(1, ref_gpus + 1)
     ref_n = np.minimum(ref_nodes, ref_k)
     columns = [np.nonzero(c_group == g)[0] for g in range(len(groups))]
-    keys, models, owner_job, owner_group, linear = _requests(jobs, groups, info, columns)
-    sizes = [int(columns[g].size) for g in owner_group]
-    cache = tables if tables is not None else TableCache(limit=max(2 * len(keys), 1))
-    entries = cache.entries(keys, models, sizes)
-    o_job = np.array(owner_job, dtype=np.int64)
-    o_group = np.array(owner_group, dtype=np.int64)
-    blocks = [
-        _block(g, np.nonzero(o_group == g)[0], o_job, entries, columns[g], info, (ref_n, ref_k))
-        for g in range(len(groups))
-        if (o_group == g).any()
-    ]
-    _compute(blocks, entries, c_nodes, c_gpus, columns, info, (ref_n, ref_k))
+    linear = np.array([job.model is None and not job.models for job in jobs], dtype=bool)
+    cache = tables if tables is not None else TableCache()
+    with cache.lock:
+        cache.round += 1
+        blocks = []
+        for g, group in enumerate(groups):
+            on = np.nonzero(info.allowed_type[:, g] & ~linear)[0]
+            if not on.size:
+                continue
+            store = cache.store(group, int(columns[g].size))
+            chosen = [jobs[j] for j in on.tolist()]
+            rows = store.rows(
+                [job.name for job in chosen],
+                [model_for(job, group.gpu_type) for job in chosen],  # type: ignore[misc]
+                cache.round,
+                (int(ref_nodes), int(ref_gpus)),
+            )
+            blocks.append(_block(g, store, on, rows, columns[g], info))
+        _compute(blocks, c_nodes, c_gpus, columns, info, (ref_n, ref_k))
+        for store in cache.stores.values():
+            store.keep(cache.limit)
     goodput = np.zeros((num_jobs, width))
     cur = np.zeros(num_jobs)
     share, weight, best_one = np.zeros(num_jobs), np.zeros(num_jobs), np.zeros(num_jobs)
@@ -380,9 +426,9 @@ def _goodputs(
         last = b.ref.shape[1] - 1 - np.argmax(feasible[:, ::-1], axis=1)
         ref = np.where(feasible.any(axis=1), b.ref[np.arange(b.jobs.size), last], 0.0)
         capacity = float(groups[b.group].capacity)
-        np.add.at(share, b.jobs, capacity * ref)
-        np.add.at(weight, b.jobs, capacity)
-        np.maximum.at(best_one, b.jobs, ref)
+        share[b.jobs] += capacity * ref
+        weight[b.jobs] += capacity
+        best_one[b.jobs] = np.maximum(best_one[b.jobs], ref)
     base = np.ones(num_jobs)
     if normalisation is Normalisation.FAIR_SHARE:
         modelled = weight > 0
@@ -397,103 +443,72 @@ def _goodputs(
     return goodput, cur, np.where(base > 0, base, 1.0)
 
 
-def _requests(
-    jobs: tuple[JobInfo, ...], groups: tuple[NodeGroup, ...], info: _Jobs, columns: list[IntArray]
-) -> tuple[list[tuple[str, str, int, int]], list[GoodputModel], list[int], list[int], BoolArray]:
-    """The (job, group) pairs that need a model, and the jobs without any model.
-
-    Returns the pairs' cache keys, models, jobs and groups, and which jobs have no model at
-    all (they scale linearly).
-    """
-    keys, models, owner_job, owner_group = [], [], [], []
-    linear = np.zeros(len(jobs), dtype=bool)
-    for j, job in enumerate(jobs):
-        for g, group in enumerate(groups):
-            if not info.allowed_type[j, g]:
-                continue
-            model = model_for(job, group.gpu_type)
-            if model is None:  # no model on any type
-                linear[j] = True
-                break
-            keys.append((job.name, group.gpu_type, group.gpus_per_node, int(columns[g].size)))
-            models.append(model)
-            owner_job.append(j)
-            owner_group.append(g)
-    return keys, models, owner_job, owner_group, linear
-
-
 def _block(
-    g: int,
-    rows: IntArray,
-    owner_job: IntArray,
-    entries: list[_Entry],
-    cols: IntArray,
-    info: _Jobs,
-    reference: tuple[IntArray, IntArray],
+    g: int, store: _Store, jobs: IntArray, rows: IntArray, cols: IntArray, info: _Jobs
 ) -> _Block:
-    """Group `g`'s entries `rows` as matrices, and which of their goodputs are missing."""
-    ref_n, ref_k = reference
-    key = (int(ref_n[-1]), int(ref_k[-1]))
-    held = [entries[e] for e in rows.tolist()]
-    jobs = owner_job[rows]
-    table = np.stack([e.values for e in held]) if cols.size else np.zeros((rows.size, 0))
-    ref = np.stack([e.ref if e.ref_key == key else np.full(ref_k.size, np.nan) for e in held])
+    """Group `g`'s goodputs of `jobs` from the store, and which of them are missing."""
+    table = store.values[rows]
+    ref = store.ref[rows]
     keep = info.cur_group[jobs] == g
-    now = np.full(rows.size, np.nan)
-    for i in np.nonzero(keep)[0].tolist():
-        j = int(jobs[i])
-        if held[i].cur_key == (int(info.cur_nodes[j]), int(info.cur_gpus[j])):
-            now[i] = held[i].cur
+    here = np.stack([info.cur_nodes[jobs], info.cur_gpus[jobs]], axis=1)
+    known = keep & (store.cur_key[rows] == here).all(axis=1)
+    now = np.where(known, store.cur[rows], np.nan)
     need = np.nonzero(info.allowed[jobs][:, cols] & np.isnan(table))
     return _Block(
-        g, rows, jobs, held, table, ref, now, need, np.nonzero(np.isnan(ref)),
+        g, store, jobs, rows, table, ref, now, need, np.nonzero(np.isnan(ref)),
         np.nonzero(keep & np.isnan(now))[0],
     )  # fmt: skip
 
 
 def _compute(
     blocks: list[_Block],
-    entries: list[_Entry],
     c_nodes: IntArray,
     c_gpus: IntArray,
     columns: list[IntArray],
     info: _Jobs,
     reference: tuple[IntArray, IntArray],
 ) -> None:
-    """Fill every block's missing goodputs in one evaluation, and store them in the cache."""
+    """Fill every block's missing goodputs in one evaluation, and store them."""
     ref_n, ref_k = reference
-    queries: list[tuple[IntArray, IntArray, IntArray]] = []  # (entry, nodes, gpus)
+    rows_q: list[IntArray] = []
+    nodes_q: list[IntArray] = []
+    gpus_q: list[IntArray] = []
+    owners: list[GoodputModel] = []  # each block's models that are queried, once each
+    index: list[IntArray] = []
     for b in blocks:
         cols = columns[b.group]
-        queries.append((b.rows[b.need[0]], c_nodes[cols[b.need[1]]], c_gpus[cols[b.need[1]]]))
-        queries.append((b.rows[b.ref_need[0]], ref_n[b.ref_need[1]], ref_k[b.ref_need[1]]))
         kept = b.jobs[b.now_need]
-        queries.append((b.rows[b.now_need], info.cur_nodes[kept], info.cur_gpus[kept]))
-    entry_q = np.concatenate([q[0] for q in queries]) if queries else np.zeros(0, np.int64)
+        rows = np.concatenate([b.rows[b.need[0]], b.rows[b.ref_need[0]], b.rows[b.now_need]])
+        nodes_q += [c_nodes[cols[b.need[1]]], ref_n[b.ref_need[1]], info.cur_nodes[kept]]
+        gpus_q += [c_gpus[cols[b.need[1]]], ref_k[b.ref_need[1]], info.cur_gpus[kept]]
+        used, inverse = np.unique(rows, return_inverse=True)
+        index.append(inverse + len(owners))
+        owners.extend(b.store.models[r] for r in used.tolist())
+        rows_q.append(rows)
+    count = sum(r.size for r in rows_q)
     values = np.zeros(0)
-    if entry_q.size:
-        used, inverse = np.unique(entry_q, return_inverse=True)
-        bank = GoodputModels([entries[e].model for e in used.tolist()])
-        values = bank.best_goodput(
-            inverse,
-            np.concatenate([q[1] for q in queries]),
-            np.concatenate([q[2] for q in queries]),
-            calls=np.arange(entry_q.size),  # each query alone: values never depend on batching
+    if count:
+        values = GoodputModels(owners).best_goodput(
+            np.concatenate(index),
+            np.concatenate(nodes_q),
+            np.concatenate(gpus_q),
+            calls=np.arange(count),  # each query alone: values never depend on batching
         )
     offset = 0
-    key = (int(ref_n[-1]), int(ref_k[-1]))
     for b in blocks:
         for need, target in ((b.need, b.table), (b.ref_need, b.ref)):
             target[need] = values[offset : offset + need[0].size]
             offset += need[0].size
         b.now[b.now_need] = values[offset : offset + b.now_need.size]
         offset += b.now_need.size
-        keep = (info.cur_group[b.jobs] == b.group).tolist()
-        for i, e in enumerate(b.held):
-            e.values, e.ref_key, e.ref = b.table[i], key, b.ref[i]
-            if keep[i]:
-                j = int(b.jobs[i])
-                e.cur_key, e.cur = (int(info.cur_nodes[j]), int(info.cur_gpus[j])), float(b.now[i])
+        b.store.values[b.rows] = b.table
+        b.store.ref[b.rows] = b.ref
+        keep = info.cur_group[b.jobs] == b.group
+        rows = b.rows[keep]
+        b.store.cur[rows] = b.now[keep]
+        b.store.cur_key[rows] = np.stack(
+            [info.cur_nodes[b.jobs[keep]], info.cur_gpus[b.jobs[keep]]], axis=1
+        )
 
 
 def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -94,28 +94,28 @@ def decision(problem: TypedProblem, result: TypedResult) -> AllocationDecision[A
     """The round's decision: allocations and explanations (module docstring)."""
     placed = result.placed
     prices = result.assignment.prices
-    explain, xs = {}, []
-    for j, job in enumerate(problem.state.jobs):
-        g = int(placed.group[j])
-        speed, changed = float(placed.speed[j]), bool(placed.changed[j])
-        factor = float(problem.penalty[j]) if changed and g >= 0 else 1.0
-        xs.append(problem.x_value(speed, factor))
-        gpu_type = problem.groups[g].gpu_type if g >= 0 else ""
-        price = float(prices[g]) if g >= 0 and g < prices.size else None
+    node_type = {n.name: n.gpu_type for n in problem.state.nodes}
+    on = placed.group >= 0
+    factor = np.where(on & placed.changed, problem.penalty, 1.0)
+    xs = problem.scale * placed.speed * factor + problem.params.epsilon
+    types = [g.gpu_type for g in problem.groups]
+    price = [float(prices[g]) if g < prices.size else None for g in range(len(types))]
+    explain = {}
+    for j, (job, g) in enumerate(zip(problem.state.jobs, placed.group.tolist(), strict=True)):
         explain[job.name] = JobExplain(
-            speedup=speed,
-            penalty=factor,
-            reason=_reason(problem, placed, j),
-            gpu_type=gpu_type,
-            gpu_price=price,
+            speedup=float(placed.speed[j]),
+            penalty=float(factor[j]),
+            reason=_reason(problem, placed, j, node_type),
+            gpu_type=types[g] if g >= 0 else "",
+            gpu_price=price[g] if g >= 0 else None,
         )
-    objective = power_mean(np.array(xs), problem.params.p) if xs else float("nan")
+    objective = power_mean(xs, problem.params.p) if xs.size else float("nan")
     return AllocationDecision(
         allocations=dict(placed.allocations), explain=explain, objective=objective
     )
 
 
-def _reason(problem: TypedProblem, placed: Placed, j: int) -> str:
+def _reason(problem: TypedProblem, placed: Placed, j: int, node_type: dict[str, str]) -> str:
     """One line for job j, naming GPU types (`Problem._reason`'s with types)."""
     job = problem.state.jobs[j]
     alloc = placed.allocations[job.name]
@@ -123,10 +123,7 @@ def _reason(problem: TypedProblem, placed: Placed, j: int) -> str:
     g = int(placed.group[j])
     kind = problem.groups[g].gpu_type if g >= 0 else ""
     where = f"{_count(len(set(alloc)), 'node')} of {kind or 'its type'}"
-    old = {problem.groups[int(problem.current_group[j])].gpu_type} if k_old else set()
-    if k_old and problem.current_group[j] < 0:
-        index = {n: grp.gpu_type for grp in problem.groups for n in grp.nodes}
-        old = {index[n] for n in job.allocation}
+    old = {node_type[n] for n in job.allocation}
     if k_new == 0 and placed.changed[j]:
         return f"suspended: its {gpus(k_old)} are worth more to other jobs"
     if k_new == 0:
