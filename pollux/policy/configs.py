@@ -13,7 +13,7 @@ restriction costs. A job's current allocation, whatever its shape, is kept as on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pollux.policy.types import ClusterState, NodeInfo
 
@@ -96,3 +96,25 @@ def is_typed(state: ClusterState) -> bool:
         return True
     types = {node.gpu_type for node in state.nodes}
     return len(types) >= 2
+
+
+def on_one_type(state: ClusterState) -> ClusterState:
+    """`state` with each job's `model` its model on the nodes' one GPU type, where it has one.
+
+    For the single-type path: a job's `model` is its current type's, which need not be the
+    type of the nodes of this round (a placement round sees only free GPUs). Jobs without
+    per-type models, or without one for that type, are left as they are.
+    """
+    types = {node.gpu_type for node in state.nodes}
+    if len(types) != 1:
+        return state
+    (gpu_type,) = types
+    jobs = tuple(
+        replace(job, model=job.models[gpu_type])
+        if gpu_type in job.models and job.models[gpu_type] is not job.model
+        else job
+        for job in state.jobs
+    )
+    if all(a is b for a, b in zip(jobs, state.jobs, strict=True)):
+        return state
+    return replace(state, jobs=jobs)

@@ -22,7 +22,7 @@ import numpy as np
 from pollux.policy import greedy, typed_round
 from pollux.policy import jct as jct_mode
 from pollux.policy.allocation import validate_state
-from pollux.policy.configs import is_typed
+from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import JctParams
 from pollux.policy.problem import IntArray, PolluxParams, Problem
@@ -122,7 +122,7 @@ class PolluxPolicy:
         params = self.params if self.jct is None else replace(self.params, p=self.jct.p)
         if is_typed(state):
             return self._typed(state, params, memory)
-        problem = Problem(state, params)
+        problem = Problem(on_one_type(state), params)
         if problem.num_jobs == 0:
             return AllocationDecision(allocations={}, explain={}, memory=memory)
         rank = None
@@ -190,6 +190,7 @@ class PolluxPolicy:
 
         placed = search(division.quota)
         quota, placed = shares.repair(pooled, division.quota, placed, search)
-        decision = typed_round.decision(problem, results[quota.budget.tobytes()])
+        final = results.get(quota.budget.tobytes()) or typed_round.solve(problem, quota)
+        decision = typed_round.decision(problem, final)
         decision = explained(decision, quota)
         return replace(decision, memory=shares.remember(ledger, quota, pooled, decision))

@@ -12,6 +12,7 @@ unplaced jobs whose options fit, best gain first. Ties go to the earlier job and
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,38 +50,52 @@ class Placed:
     blocked: BoolArray
 
 
-@dataclass(slots=True)
 class _Layout:
-    """One group's nodes while it is packed: free GPUs and who holds what."""
+    """One group's nodes while it is packed.
 
-    per_node: int
-    free: list[int]
-    held: dict[int, dict[int, int]] = field(default_factory=dict)
+    Free GPUs per node, the nodes by their free GPUs (each list ascending), and who holds
+    what.
+    """
+
+    __slots__ = ("by_free", "free", "held", "per_node")
+
+    def __init__(self, per_node: int, nodes: int) -> None:
+        self.per_node = per_node
+        self.free = [per_node] * nodes
+        self.by_free: list[list[int]] = [[] for _ in range(per_node + 1)]
+        self.by_free[per_node] = list(range(nodes))
+        self.held: dict[int, dict[int, int]] = {}
 
     def whole(self) -> list[int]:
-        return [i for i, f in enumerate(self.free) if f == self.per_node]
+        """Nodes with every GPU free, in order."""
+        return list(self.by_free[self.per_node])
+
+    def _move(self, node: int, delta: int) -> None:
+        before = self.free[node]
+        self.by_free[before].remove(node)
+        insort(self.by_free[before + delta], node)
+        self.free[node] = before + delta
 
     def take(self, job: int, counts: Mapping[int, int]) -> None:
         for node, count in counts.items():
-            self.free[node] -= count
+            self._move(node, -count)
         self.held[job] = dict(counts)
 
-    def release(self, job: int) -> None:
-        for node, count in self.held.pop(job, {}).items():
-            self.free[node] += count
+    def largest(self) -> int:
+        """The most free GPUs on one node."""
+        return next((f for f in range(self.per_node, 0, -1) if self.by_free[f]), 0)
 
     def best_fit(self, gpus: int) -> int | None:
         """The node with the fewest free GPUs that still has `gpus` (first of equals)."""
-        best, best_free = None, self.per_node + 1
-        for node, free in enumerate(self.free):
-            if gpus <= free < best_free:
-                best, best_free = node, free
-        return best
+        for free in range(max(gpus, 1), self.per_node + 1):
+            if self.by_free[free]:
+                return self.by_free[free][0]
+        return None
 
     def fits(self, nodes: int, gpus: int) -> bool:
         if nodes == 1:
-            return max(self.free, default=0) >= gpus
-        return len(self.whole()) >= nodes
+            return self.largest() >= gpus
+        return len(self.by_free[self.per_node]) >= nodes
 
     def place(self, job: int, nodes: int, gpus: int) -> bool:
         """Place `gpus` on one node (best fit) or on `nodes` whole free nodes."""
@@ -90,7 +105,7 @@ class _Layout:
                 return False
             self.take(job, {node: gpus})
             return True
-        whole = self.whole()
+        whole = self.by_free[self.per_node]
         if len(whole) < nodes:
             return False
         self.take(job, dict.fromkeys(whole[:nodes], self.per_node))
@@ -175,7 +190,7 @@ def _pack(
 ) -> _Packing:
     """Pack group `g`'s jobs; `loose`: kept single-node jobs may be displaced."""
     group = problem.groups[g]
-    layout = _Layout(group.gpus_per_node, [group.gpus_per_node] * len(group.nodes))
+    layout = _Layout(group.gpus_per_node, len(group.nodes))
     stay = problem.stay
     jobs = problem.state.jobs
     packing = _Packing(layout, dict.fromkeys(members, -1))
@@ -290,12 +305,12 @@ def _fill(
             (column >= 0) & (column < width), c_gpus[np.clip(column, 0, width - 1)], held
         )
         room = budget - np.bincount(of_job, weights=held, minlength=budget.size)
-    for _ in range(sum(sum(layout.free) for layout in layouts)):
+    for _ in range(sum(sum(layout.free) for layout in layouts)):  # each pass places a job
         waiting = np.nonzero(column < 0)[0]
         if not waiting.size:
             return
-        largest = np.array([max(layout.free, default=0) for layout in layouts])
-        whole = np.array([len(layout.whole()) for layout in layouts])
+        largest = np.array([layout.largest() for layout in layouts])
+        whole = np.array([len(layout.by_free[layout.per_node]) for layout in layouts])
         fits = np.where(c_nodes == 1, c_gpus <= largest[c_group], c_nodes <= whole[c_group])
         ok = np.broadcast_to(fits, (waiting.size, width))
         if room is not None:

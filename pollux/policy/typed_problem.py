@@ -26,7 +26,7 @@ from pollux.goodput.batch import GoodputModels
 from pollux.policy.configs import Config, NodeGroup, configs, node_groups
 from pollux.policy.problem import PolluxParams
 from pollux.policy.types import ClusterState, JobInfo
-from pollux.policy.valuation import Normalisation, fair_share, restart_factor, utility
+from pollux.policy.valuation import Normalisation, fair_share, utility
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -225,10 +225,6 @@ class TypedProblem:
         u = float(utility(np.array([x]), self.params.p)[0])
         return u if self.weight is None else u * float(self.weight[j])
 
-    def x_value(self, speed: float, factor: float) -> float:
-        """The power mean's term scale · s · ρ + ε."""
-        return self.scale * speed * factor + self.params.epsilon
-
     def weighted(
         self, *, weight: FloatArray | None = None, penalty: FloatArray | None = None
     ) -> TypedProblem:
@@ -299,13 +295,7 @@ def typed_problem(
     keep = cur_group >= 0
     speed[keep, width] = cur_goodput[keep] / base[keep]
     speed[keep & ~(cur_goodput > 0), width] = np.nan
-    penalty = np.array(
-        [
-            restart_factor(state.now - job.submission_time, job.restarts, params.restart_delay)
-            for job in jobs
-        ],
-        dtype=np.float64,
-    )
+    penalty = _restart_factors(state, params.restart_delay)
     u, idle = _utilities(speed, scale, penalty, None, params, width)
     return TypedProblem(
         state=state,
@@ -326,6 +316,16 @@ def typed_problem(
         utility=u,
         idle=idle,
     )
+
+
+def _restart_factors(state: ClusterState, delay: float) -> FloatArray:
+    """`valuation.restart_factor` of every job, vectorised (the same operations)."""
+    if delay <= 0:
+        return np.ones(len(state.jobs))
+    submitted = np.array([job.submission_time for job in state.jobs], dtype=np.float64)
+    restarts = np.array([job.restarts for job in state.jobs], dtype=np.float64)
+    age = np.maximum(state.now - submitted, 0.0)
+    return np.asarray(np.maximum(age - restarts * delay, 0.0) / (age + delay), dtype=np.float64)
 
 
 def _utilities(
@@ -394,6 +394,7 @@ def _goodputs(
     ref_n = np.minimum(ref_nodes, ref_k)
     columns = [np.nonzero(c_group == g)[0] for g in range(len(groups))]
     linear = np.array([job.model is None and not job.models for job in jobs], dtype=bool)
+    names = [job.name for job in jobs]
     cache = tables if tables is not None else TableCache()
     with cache.lock:
         cache.round += 1
@@ -404,9 +405,11 @@ def _goodputs(
                 continue
             store = cache.store(group, int(columns[g].size))
             chosen = [jobs[j] for j in on.tolist()]
+            kind = group.gpu_type
+            models = [job.models.get(kind) or model_for(job, kind) for job in chosen]
             rows = store.rows(
-                [job.name for job in chosen],
-                [model_for(job, group.gpu_type) for job in chosen],  # type: ignore[misc]
+                [names[j] for j in on.tolist()],
+                models,  # type: ignore[arg-type]
                 cache.round,
                 (int(ref_nodes), int(ref_gpus)),
             )

@@ -66,7 +66,9 @@ def options(problem: TypedProblem, quota: Quota | None = None) -> Options:
 def solve(problem: TypedProblem, quota: Quota | None = None) -> TypedResult:
     """Assign and place every job (module docstring); `quota`: tenant budgets to keep."""
     answer = assign(options(problem, quota))
-    budgets = None if quota is None else (quota.of_job, quota.budget.astype(np.float64))
+    # Work-conserving as the single-type search: GPUs idle after placement may go to any
+    # tenant below its cap (they are back in the split next round).
+    budgets = None if quota is None else (quota.of_job, quota.lent().budget.astype(np.float64))
     placed = place(problem, answer.column, budgets)
     return TypedResult(answer, placed, _gain(problem, placed))
 
@@ -120,19 +122,20 @@ def _reason(problem: TypedProblem, placed: Placed, j: int, node_type: dict[str, 
     job = problem.state.jobs[j]
     alloc = placed.allocations[job.name]
     k_old, k_new = len(job.allocation), len(alloc)
-    g = int(placed.group[j])
-    kind = problem.groups[g].gpu_type if g >= 0 else ""
-    where = f"{_count(len(set(alloc)), 'node')} of {kind or 'its type'}"
-    old = {node_type[n] for n in job.allocation}
     if k_new == 0 and placed.changed[j]:
         return f"suspended: its {gpus(k_old)} are worth more to other jobs"
     if k_new == 0:
-        if not any(job.allows(grp.gpu_type) for grp in problem.groups):
-            allowed = ", ".join(sorted(job.gpu_types or ())) or "none"
+        if job.gpu_types is not None and not any(
+            grp.gpu_type in job.gpu_types for grp in problem.groups
+        ):
+            allowed = ", ".join(sorted(job.gpu_types))
             return f"pending: no node has a GPU type it may use ({allowed})"
         if job.max_replicas == 0:
             return "pending: max_replicas is 0"
         return "pending: every free GPU is worth more to other jobs"
+    kind = problem.groups[int(placed.group[j])].gpu_type
+    where = f"{_count(len(set(alloc)), 'node')} of {kind or 'its type'}"
+    old = {node_type[n] for n in job.allocation}
     if not placed.changed[j]:
         return f"unchanged: {gpus(k_new)} on {where}"
     if k_old == 0:

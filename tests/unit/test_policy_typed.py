@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 
 from pollux.goodput import GoodputModel
 from pollux.policy import greedy, typed_round
-from pollux.policy.configs import is_typed
+from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
 from pollux.policy.problem import PolluxParams, Problem
 from pollux.policy.registry import PolicySpec, make_policy
 from pollux.policy.typed_placement import place
-from pollux.policy.typed_problem import TableCache, typed_problem
+from pollux.policy.typed_problem import TableCache, _restart_factors, typed_problem
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo, TenantSpec
+from pollux.policy.valuation import restart_factor
 from tests.unit.policy_builders import NOW, job, model, random_state
 
 TYPES = ("t4", "a100", "rtx")
@@ -347,3 +348,32 @@ def test_tenant_budgets_hold_on_several_types():
         assert held_a <= 10
         assert "tenant a" in decision.explain["j1"].reason
         assert decision.memory is not None or spec == "pollux"
+
+
+def test_on_one_type_the_model_of_that_type_is_used():
+    m = model()
+    fast = faster(m, 3.0)
+    info = replace(job("j0", max_replicas=4), model=m, models={"t4": m, "a100": fast})
+    plain = job("j1", max_replicas=4)
+    state = ClusterState(NOW, (NodeInfo("a0", 4, "a100"),), (info, plain))
+    swapped = on_one_type(state)
+    assert swapped.jobs[0].model is fast
+    assert swapped.jobs[1] is plain
+    untouched = ClusterState(NOW, (NodeInfo("n0", 4),), (plain,))
+    assert on_one_type(untouched) is untouched
+    decision = PolluxPolicy().allocate(state, None, np.random.default_rng(0))
+    expected = PolluxPolicy().allocate(swapped, None, np.random.default_rng(0))
+    assert decision.explain == expected.explain
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    ages=st.lists(st.floats(-100.0, 1e6), min_size=1, max_size=20),
+    restarts=st.integers(0, 50),
+    delay=st.sampled_from([0.0, 30.0, 250.0]),
+)
+def test_vectorised_restart_factors_match_the_scalar_rule(ages, restarts, delay):
+    jobs = tuple(JobInfo(f"j{i}", NOW - a, restarts=restarts) for i, a in enumerate(ages))
+    state = ClusterState(NOW, (NodeInfo("a", 4, "x"),), jobs)
+    expected = [restart_factor(NOW - j.submission_time, j.restarts, delay) for j in jobs]
+    assert _restart_factors(state, delay).tolist() == expected
