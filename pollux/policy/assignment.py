@@ -6,7 +6,8 @@ within its capacity. That is a multiple-choice knapsack with a few rows; three s
 
 - `lp_rounded`: the LP relaxation (HiGHS); a basic optimum has at most as many fractional
   jobs as rows, which are rounded to an option that still fits, then local search (each
-  job's best re-choice; every pair's, up to `PAIR_JOBS` jobs). Its LP value bounds the optimum.
+  job's best re-choice; every pair's, up to `PAIR_JOBS` jobs; the integer programme up to
+  `EXACT_JOBS`). Its LP value bounds the optimum.
 - `priced`: a price per row by Kelley's cutting planes on the Lagrangian dual, every
   (job, option) valued at its gain less its GPUs at those prices; jobs whose best option
   beats the next by a clear margin take it, the ~`MARGINAL` jobs closest to a tie get the
@@ -36,6 +37,9 @@ MARGINAL = 300
 
 PAIR_JOBS = 64
 """Jobs up to which local search also tries every pair's joint re-choice."""
+
+EXACT_JOBS = 8
+"""Jobs up to which `lp_rounded` closes a remaining gap with the integer programme."""
 
 _TOL = 1e-9
 
@@ -182,10 +186,22 @@ def _answer(
 
 
 def lp_rounded(options: Options) -> Assignment:
-    """The LP relaxation rounded, then improved by local search (module docstring)."""
+    """The LP relaxation rounded, then improved by local search (module docstring).
+
+    Up to `EXACT_JOBS` jobs with options, a gap left after local search is closed by the
+    integer programme itself (milliseconds at that size).
+    """
     picked, bound, prices = _lp_round(options)
     picked = improve(options, picked)
-    return _answer(options, picked, bound, prices, "lp")
+    answer = _answer(options, picked, bound, prices, "lp")
+    if answer.gap > 1e-9 and np.unique(options.job).size <= EXACT_JOBS:
+        try:
+            best = exact(options, time_limit=1.0)
+        except RuntimeError:  # no solution within the limit: keep the local search's
+            return answer
+        if best.value > answer.value:
+            return _answer(options, best.picked, bound, prices, "lp")
+    return answer
 
 
 def _lp_round(options: Options) -> tuple[IntArray, float, FloatArray]:
