@@ -150,10 +150,10 @@ def place(
             blocked[j] = True
     _fill(problem, layouts, final, group, budgets)
     allocations: dict[str, Allocation] = {}
-    speed = np.zeros(num)
     changed = np.zeros(num, dtype=bool)
-    for j, job in enumerate(jobs):
-        g = int(group[j])
+    on = group >= 0
+    speed = np.where(on, problem.speedup[np.arange(num), np.maximum(final, 0)], 0.0)
+    for j, (job, g) in enumerate(zip(jobs, group.tolist(), strict=True)):
         if g < 0:
             allocations[job.name] = ()
             changed[j] = bool(job.allocation)
@@ -162,8 +162,7 @@ def place(
         counts = layouts[g].held[j]
         alloc = tuple(names[n] for n in sorted(counts) for _ in range(counts[n]))
         allocations[job.name] = alloc
-        changed[j] = Counter(alloc) != Counter(job.allocation)
-        speed[j] = float(problem.speedup[j, int(final[j])])
+        changed[j] = alloc != job.allocation and Counter(alloc) != Counter(job.allocation)
     return Placed(allocations, final, group, speed, changed, blocked)
 
 
@@ -228,12 +227,12 @@ def _pack(
 
 def _value(problem: TypedProblem, packing: _Packing, members: list[int]) -> float:
     """Σ utility of the group's jobs as packed (displaced kept jobs pay their penalty)."""
-    total = 0.0
+    total, stay = 0.0, problem.stay
     for j in members:
         col = packing.column[j]
         if col < 0:
             total += float(problem.idle[j])
-        elif col == problem.stay:
+        elif col == stay:
             speed = float(problem.speedup[j, col])
             total += problem.value(j, speed, changed=j in packing.moved)
         else:

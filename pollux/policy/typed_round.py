@@ -103,10 +103,11 @@ def decision(problem: TypedProblem, result: TypedResult) -> AllocationDecision[A
     types = [g.gpu_type for g in problem.groups]
     price = [float(prices[g]) if g < prices.size else None for g in range(len(types))]
     explain = {}
+    speeds, factors = placed.speed.tolist(), factor.tolist()
     for j, (job, g) in enumerate(zip(problem.state.jobs, placed.group.tolist(), strict=True)):
         explain[job.name] = JobExplain(
-            speedup=float(placed.speed[j]),
-            penalty=float(factor[j]),
+            speedup=speeds[j],
+            penalty=factors[j],
             reason=_reason(problem, placed, j, node_type),
             gpu_type=types[g] if g >= 0 else "",
             gpu_price=price[g] if g >= 0 else None,
