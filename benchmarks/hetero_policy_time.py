@@ -28,14 +28,16 @@ import csv
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from pollux.goodput import GoodputModel, GradParams, PerfParams, fit_perf_params
-from pollux.policy import ClusterState, JobInfo, NodeInfo
+from pollux.policy import Allocation, ClusterState, JobInfo, NodeInfo
 from pollux.policy.assignment import exact
+from pollux.policy.problem import PolluxParams
 from pollux.policy.registry import PolicySpec, make_policy
 from pollux.policy.typed_problem import typed_problem
 from pollux.policy.typed_round import options, solve
@@ -204,7 +206,9 @@ def first_state(
     return ClusterState(now, nodes, tuple(out))
 
 
-def next_state(state: ClusterState, allocations: dict, rng: np.random.Generator) -> ClusterState:
+def next_state(
+    state: ClusterState, allocations: Mapping[str, Allocation], rng: np.random.Generator
+) -> ClusterState:
     """60 s later: the decision applied; running jobs' gradient statistics moved."""
     node_type = {n.name: n.gpu_type for n in state.nodes}
     jobs = []
@@ -255,7 +259,7 @@ def run_case(
         cpu.append(time.process_time() - start_cpu)
         memory = decision.memory
         # The certificate, recomputed outside the timed call (the same problem and solver).
-        params = policy.explain_params
+        params = policy.explain_params or PolluxParams()
         if policy_name == "pollux-jct":
             params = replace(params, p=0.0)
         problem = typed_problem(state, params)
