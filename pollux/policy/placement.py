@@ -37,7 +37,7 @@ def placement_state(state: ClusterState) -> ClusterState:
         raise ValueError("a placement round cannot respect tenant quotas; run a full round")
     held = Counter(node for job in state.jobs for node in job.allocation)
     nodes = tuple(
-        NodeInfo(node.name, node.gpus - held[node.name])
+        NodeInfo(node.name, node.gpus - held[node.name], node.gpu_type)
         for node in state.nodes
         if node.gpus > held[node.name]
     )

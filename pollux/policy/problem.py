@@ -170,6 +170,11 @@ class Problem:
         init.every_job = np.arange(self.num_jobs)
         init.weight = None
 
+    @property
+    def base(self) -> FloatArray:
+        """Each job's goodput (without a model: replica count) of speedup 1, read-only."""
+        return self.speedups.base
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Problem is immutable: derive one with weighted(), not .{name} =")
 

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from pollux.policy.problem import Problem
 from pollux.policy.quota import Quota, Tenants, entitled_floors
-from pollux.policy.types import AllocationDecision, JobExplain, M
+from pollux.policy.types import AllocationDecision, M
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -108,7 +108,7 @@ def explained(decision: AllocationDecision[M], quota: Quota) -> AllocationDecisi
         why = decision.explain[name]
         label = names[t] or "default"
         note = f"tenant {label}: {held[t]} of its {quota.budget[t]}-GPU budget"
-        explain[name] = JobExplain(why.speedup, why.penalty, f"{why.reason} ({note})")
+        explain[name] = replace(why, reason=f"{why.reason} ({note})")
     return replace(decision, explain=explain)
 
 
