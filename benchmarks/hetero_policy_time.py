@@ -1,24 +1,17 @@
 """Policy time per round on clusters of several GPU types (issue 30): median, p90 and min.
 
-Synthetic rounds of the typed Pollux policy on Sia's three-type cluster (6 aws × 4 T4,
-2 dgx-ext × 8 A100, 3 rtx × 8 RTX 2080 Ti = 64 GPUs) and on 8 and 32 times it (512 and 2048
-GPUs), with 160, 1000 and 10 000 active jobs. Each job is one of Sia's models in the Philly
-mix (cifar10 77 %, deepspeech2 9 %, bert 7 %, yolov3 5 %, imagenet 2 %), with a goodput model
-per type from that type's traces (one throughput fit per (model, type), gradient statistics
-from a random epoch of its validation run); 10 % of the jobs may run on one or two types only.
-Round 0 starts every job afresh; each later round starts from the last decision, 60 s later,
-with the gradient statistics of every running job moved (so its goodput tables are rebuilt)
-and those of waiting jobs unchanged, as in a live cluster. One policy instance serves every
-round, as in the scheduler. Without Sia's data (`--sia-data`, default ../shared/data/sia
-from the repository root) the project's own traces stand in: the T4 traces of the Pollux
-artifact plus two derived types (compute 2.5× and 5× as fast, sync 2× and 3×).
+Synthetic rounds of the typed policy on Sia's three-type cluster (6 aws × 4, 2 dgx-ext × 8,
+3 rtx × 8 = 64 GPUs) and 8 and 32 times it, with 160, 1000 and 10 000 active jobs of the
+Philly mix, each with a goodput model per type fitted on that type's traces; each later
+round starts from the last decision 60 s on, running jobs' gradient statistics moved, as
+live. Without Sia's data (`--sia-data PATH`, or $POLLUX_SIA_DATA) the project's own traces
+stand in (the Pollux T4 traces plus two derived faster types).
 
-Usage: python benchmarks/hetero_policy_time.py [--sia-data PATH] [--policy pollux-jct]
-       [--cases 64:160,512:1000,2048:10000] [--rounds N] [--exact]
-The certified gap (bound − achieved) / bound is recomputed outside the timed call; --exact
-also compares each round's assignment with scipy's MILP on the same options.
-The machine's other load inflates medians; the min is the closest to an idle machine, and
-the process's CPU time per round (also printed) is what an idle core would take.
+    python benchmarks/hetero_policy_time.py [--sia-data PATH] [--policy pollux-jct]
+        [--cases 64:160,512:1000,2048:10000] [--rounds N] [--exact]
+
+The certified gap is recomputed outside the timed call; --exact compares with scipy's MILP.
+The min is the closest to an idle machine; the CPU time per round is printed too.
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -296,7 +290,11 @@ def run_case(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sia-data", type=Path, default=ROOT.parent / "shared" / "data" / "sia")
+    parser.add_argument(
+        "--sia-data",
+        type=Path,
+        default=Path(os.environ["POLLUX_SIA_DATA"]) if os.environ.get("POLLUX_SIA_DATA") else None,
+    )
     parser.add_argument("--policy", default="pollux-jct", choices=["pollux-jct", "pollux"])
     parser.add_argument("--cases", default="64:160,512:1000,2048:10000", help="GPUS:JOBS,...")
     parser.add_argument("--rounds", type=int, default=0, help="per case (0: 21, 11, 6)")
@@ -304,7 +302,7 @@ def main() -> None:
         "--exact", action="store_true", help="also solve each round's MILP (cases ≤ 1000 jobs)"
     )
     args = parser.parse_args()
-    if (args.sia_data / "traces").is_dir():
+    if args.sia_data is not None and (args.sia_data / "traces").is_dir():
         apps, cluster = sia_apps(args.sia_data), SIA_CLUSTER
         print(f"Sia traces from {args.sia_data}: cluster {cluster} × scale")
     else:

@@ -4,19 +4,14 @@ The problem (`Options`): maximise Σ gain over the chosen (job, option) entries,
 most one, each resource row (a node group's GPUs; with tenants, also each tenant's budget)
 within its capacity. That is a multiple-choice knapsack with a few rows; three solvers:
 
-- `lp_rounded`: the LP relaxation (HiGHS); a basic optimum has at most as many fractional
-  jobs as rows, which are rounded to an option that still fits, then local search (each
-  job's best re-choice; every pair's, up to `PAIR_JOBS` jobs; the integer programme up to
-  `EXACT_JOBS`). Its LP value bounds the optimum.
-- `priced`: a price per row by Kelley's cutting planes on the Lagrangian dual, every
-  (job, option) valued at its gain less its GPUs at those prices; jobs whose best option
-  beats the next by a clear margin take it, the ~`MARGINAL` jobs closest to a tie get the
-  remaining GPUs through `lp_rounded`. The dual value at the prices bounds the optimum.
+- `lp_rounded`: the LP relaxation (HiGHS), its few fractional jobs rounded to an option that
+  fits, then local search (re-choices; pairs up to `PAIR_JOBS`; the MILP up to `EXACT_JOBS`).
+- `priced`: a price per row by cutting planes on the Lagrangian dual; clear winners take
+  their best option, the ~`MARGINAL` jobs nearest a tie share the rest through `lp_rounded`.
 - `exact`: the integer programme (scipy's HiGHS MILP), for tests and benchmarks.
 
-`assign` picks `lp_rounded` up to `MARGINAL` jobs and `priced` above. Every `Assignment`
-carries its upper bound, hence a certified gap for the round; docs/policy.md ("Several GPU
-types") has the measurements.
+`assign` picks `lp_rounded` up to `MARGINAL` jobs, `priced` above; every `Assignment` carries
+its upper bound, a certified gap (docs/policy.md, "Several GPU types").
 """
 
 from __future__ import annotations
