@@ -7,7 +7,8 @@
 2. The jobs' curves under the rule's signal and S(G), their best total speedup on G GPUs
    (`pollux.autoscale.curves`); the utility at the current size and at each rung.
 3. The rule (`pollux.autoscale.rules.BandRule`): grow above `upper`, shrink below `lower`, to
-   the largest rung whose utility is ≥ `lower`; hold inside the band. No jobs: the minimum.
+   the largest rung whose utility is ≥ `lower` and that does not pass the first rung with
+   every GPU the jobs can use (more would idle); hold inside the band. No jobs: the minimum.
 4. Per pool: the cooldowns, then which nodes go: provisioning ones first, then nodes idle
    past the pool's idle timeout; nodes idle for less are waited for; only what idle nodes
    cannot cover is drained, the least used nodes first.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+
+import numpy as np
 
 from pollux.autoscale.curves import job_curve, total_speedup, utility
 from pollux.autoscale.rules import GOODPUT_RULE, BandRule
@@ -65,8 +68,15 @@ def autoscale(state: AutoscaleState, rule: BandRule = GOODPUT_RULE) -> Autoscale
     curves = [job_curve(j, rule.signal, cheapest.gpus_per_node, top) for j in state.jobs]
     total = total_speedup(curves, top)
     now_u = utility(total, now_gpus)
+    # GPUs past the point where S(G) stops growing would sit idle: never grow past the first
+    # rung that covers them, whatever the average utility.
+    useful = int(np.argmax(total >= total[-1] - 1e-9))
     rung = max(
-        (i for i, size in enumerate(sizes) if size > 0 and utility(total, size) >= rule.lower),
+        (
+            i
+            for i, size in enumerate(sizes)
+            if size > 0 and utility(total, size) >= rule.lower and (i == 0 or sizes[i - 1] < useful)
+        ),
         default=0,
     )
     target_u = utility(total, sizes[rung])
@@ -176,8 +186,9 @@ def _choose_removals(
     staying = [n for n in nodes if not n.draining]
     provisioning = [n for n in reversed(staying) if not n.ready]
     idle = [n for n in staying if n.ready and n.used_gpus == 0]
-    idle.sort(key=lambda n: n.idle_since if n.idle_since is not None else now)
-    expired = [n for n in idle if now - (n.idle_since or now) >= pool.idle_timeout_s]
+    since = {n.name: now if n.idle_since is None else n.idle_since for n in idle}
+    idle.sort(key=lambda n: since[n.name])
+    expired = [n for n in idle if now - since[n.name] >= pool.idle_timeout_s]
     young = [n for n in idle if n not in expired]
     remove = [n.name for n in provisioning[:count]]
     remove += [n.name for n in expired[: count - len(remove)]]

@@ -4,9 +4,9 @@ A sweep file (YAML or JSON, read by the caller) is a mapping; `SweepSpec.from_ma
 every key and reports every problem at once, each by its key path. The job template is a job
 file's mapping (the keys `pollux-cli submit -f` reads) whose strings may hold placeholders:
 ``${NAME}`` for parameter NAME, ``${trial}`` for the trial number, ``${sweep}`` for the
-sweep's name. A string that is exactly one placeholder takes the value's own type (so
-``initial_batch_size: ${batch}`` searches an integer); inside a longer string it is formatted
-with `str`. docs/hpo.md documents the format.
+sweep's name. A mapping value that is exactly one placeholder takes the value's own type (so
+``initial_batch_size: ${batch}`` searches an integer); anywhere else (inside a longer string,
+or an item of a list such as ``command``) the value is formatted with `str`. docs/hpo.md documents the format.
 """
 
 from __future__ import annotations
@@ -141,16 +141,17 @@ def placeholders(value: Any) -> set[str]:
     return set()
 
 
-def _substitute(value: Any, values: Mapping[str, ParamValue]) -> Any:
+def _substitute(value: Any, values: Mapping[str, ParamValue], *, typed: bool = True) -> Any:
+    """`value` with placeholders replaced; list items (argv) always stay strings."""
     if isinstance(value, str):
         whole = _PLACEHOLDER.fullmatch(value)
-        if whole:
+        if whole and typed:
             return values[whole.group(1)]
         return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), value)
     if isinstance(value, Mapping):
         return {k: _substitute(v, values) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_substitute(v, values) for v in value]
+        return [_substitute(v, values, typed=False) for v in value]
     return value
 
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
-from pollux.client import cli_admin, cli_jobs, completion
+from pollux.client import cli_admin, cli_jobs, cli_sweep, completion
 from pollux.client import format as fmt
 from pollux.client.client import Client
 from pollux.client.config import (
@@ -314,7 +314,7 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:  # noqa: PLR0915
     """The argument parser; `environ` supplies POLLUX_SERVER (default: os.environ)."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -424,6 +424,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         return parent.add_subparsers(**kwargs)
 
     cli_admin.add_commands(command, sub_parsers)
+    cli_sweep.add_commands(command)
     shell = command(
         "completion",
         "print a shell completion script: source <(pollux-cli completion bash), or zsh",
@@ -588,6 +589,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "nodes": _nodes,
     "top": _top,
     **cli_admin.COMMANDS,
+    **cli_sweep.COMMANDS,
 }
 
 
