@@ -236,6 +236,7 @@ class ElasticCluster:
         job = self.kind.under(
             spec, self.apps[spec.application], self.policy, self.config.sync_model
         )
+        job.clock = self.now  # a job's clock runs with the cluster's from its creation
         self.jobs.append(job)
         bisect.insort(self._arrivals, spec.submission_time)
         return job
