@@ -32,7 +32,7 @@ from pollux.autoscale import (
     PoolHistory,
     autoscale,
 )
-from pollux.goodput import UNKNOWN_GRAD, GradParams
+from pollux.goodput import UNKNOWN_GRAD, GoodputModel
 from pollux.policy.rounds import runs_full
 from pollux.policy.types import ClusterState, M, NodeInfo, Policy
 from pollux.sim.application import Application
@@ -140,13 +140,18 @@ class AutoscaleResult:
 class EfficiencyBlindJob(SimJob):
     """A job that sizes its batch for throughput alone, as a throughput-based system does.
 
-    Its own model sees efficiency 1 at every batch, so it runs the largest per-GPU batch that
-    fits (within the maximum total batch); the simulator still charges the true statistical
-    efficiency of that batch (`SimJob._rate`).
+    Its own model sees efficiency 1 at every batch and no gradient accumulation, so it runs
+    the largest per-GPU batch that fits, K·m in all (within the maximum total batch): the
+    weak scaling of Or et al. The simulator still charges the true statistical efficiency of
+    that batch (`SimJob._rate`).
     """
 
-    def _grad_params(self) -> GradParams:
-        return UNKNOWN_GRAD
+    def goodput_model(self) -> GoodputModel | None:
+        """The job's model, blind to statistical efficiency and without accumulation."""
+        model = SimJob.goodput_model(self)
+        if model is None:
+            return None
+        return replace(model, grad=UNKNOWN_GRAD, accumulation=False)
 
 
 RoundHook = Callable[[dict[str, Any]], None]
