@@ -6,7 +6,8 @@ file's mapping (the keys `pollux-cli submit -f` reads) whose strings may hold pl
 ``${NAME}`` for parameter NAME, ``${trial}`` for the trial number, ``${sweep}`` for the
 sweep's name. A mapping value that is exactly one placeholder takes the value's own type (so
 ``initial_batch_size: ${batch}`` searches an integer); anywhere else (inside a longer string,
-or an item of a list such as ``command``) the value is formatted with `str`. docs/hpo.md documents the format.
+or an item of a list such as ``command``) the value is formatted with `str`. docs/hpo.md
+documents the format.
 """
 
 from __future__ import annotations
