@@ -14,6 +14,7 @@ Optuna is an optional dependency (the ``hpo`` extra); this module imports it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -184,7 +185,11 @@ def run_sweep(
             while len(running) < spec.concurrency and started < spec.trials:
                 trial = study.ask(space)
                 job = spec.render(trial.params, trial.number)
-                handle = backend.start(trial.number, dict(trial.params), job)
+                try:
+                    handle = backend.start(trial.number, dict(trial.params), job)
+                except BaseException:
+                    study.tell(trial, state=TrialState.FAIL)
+                    raise
                 running.append(_Running(trial, handle))
                 started += 1
                 if on_event is not None:
@@ -198,7 +203,9 @@ def run_sweep(
                 _check(spec, backend, run, tell)
     except BaseException:
         for run in running:
-            backend.stop(run.handle, f"sweep {spec.name} stopped")
+            # Best effort: the error that stopped the sweep is the one to report.
+            with contextlib.suppress(Exception):
+                backend.stop(run.handle, f"sweep {spec.name} stopped")
             study.tell(run.trial, state=TrialState.FAIL)
         raise
     complete = [t for t in done if t.state == "COMPLETE" and t.value is not None]

@@ -247,15 +247,26 @@ class ElasticCluster:
         return job
 
     def cancel(self, name: str) -> None:
-        """Stop a job now: it completes at `now` and frees its GPUs at the next round."""
-        job = next(j for j in self.jobs if j.name == name)
+        """Stop a job now: it completes at `now` and frees its GPUs at the next round.
+
+        Raises:
+            KeyError: No job is called `name`.
+        """
+        job = self.job(name)
         if not job.completed:
             job.completion_time = self.now
             self.cancelled.add(name)
 
     def job(self, name: str) -> SimJob:
-        """The job called `name`."""
-        return next(j for j in self.jobs if j.name == name)
+        """The job called `name`.
+
+        Raises:
+            KeyError: No job is called `name`.
+        """
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise KeyError(f"no job called {name!r}")
 
     @property
     def idle(self) -> bool:

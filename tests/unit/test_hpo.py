@@ -247,6 +247,20 @@ def test_an_interrupted_sweep_stops_every_running_trial() -> None:
     assert all(backend.jobs[h]["stopped"] for h in backend.stopped)
 
 
+def test_a_trial_that_cannot_start_stops_the_sweep_and_its_running_trials() -> None:
+    class Refusing(Bowl):
+        def start(self, number: int, params: Mapping[str, Any], job: Mapping[str, Any]) -> str:
+            if number == 1:
+                raise ValueError("no such application")
+            return super().start(number, params, job)
+
+    spec = SweepSpec.from_mapping(sweep(trials=4, concurrency=2, pruner={"name": "none"}))
+    backend = Refusing()
+    with pytest.raises(ValueError, match="no such application"):
+        run_sweep(spec, backend)
+    assert backend.stopped == ["job-0"]
+
+
 # ---- in the simulator -------------------------------------------------------------------------
 
 

@@ -132,6 +132,8 @@ def test_submissions_are_checked() -> None:
     cluster.step()
     with pytest.raises(ValueError, match="is past"):
         cluster.submit(WorkloadJob("c", 0.0, "cifar10", 1, 128))
+    with pytest.raises(KeyError, match="no job called 'zz'"):
+        cluster.cancel("zz")
     cluster.cancel("a")
     assert cluster.idle
     assert cluster.cancelled == {"a"}
