@@ -97,7 +97,7 @@ def autoscale(state: AutoscaleState, rule: BandRule = GOODPUT_RULE) -> Autoscale
             f"below {rule.lower:.2f}; {_fraction(target_u)} at {sizes[rung]} GPUs"
         )
     else:
-        target, direction = dict(current), "hold"
+        target, direction = {p.name: current[p.name] for p in pools}, "hold"
         why = (
             f"{rule.signal.value} per GPU {_fraction(now_u)} of ideal at {now_gpus} GPUs is "
             f"within [{rule.lower:.2f}, {rule.upper:.2f}]"

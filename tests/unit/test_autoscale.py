@@ -202,6 +202,14 @@ def test_pools_grow_cheapest_gpu_first_and_shrink_dearest_first() -> None:
     assert decision.desired == {"dear": 2, "cheap": 2}
 
 
+def test_a_pool_without_nodes_holds_with_the_others() -> None:
+    spare = NodePool("spare", max_nodes=2, cost_per_node_hour=100.0)
+    state = AutoscaleState(0.0, (job("a", limit=3),), (POOL, spare), nodes(1, used=3))
+    decision = autoscale(state)
+    assert decision.desired == {"p": 1, "spare": 0}
+    assert decision.reason.startswith("hold")
+
+
 def test_the_throughput_rule_grows_where_the_goodput_rule_holds() -> None:
     early = (job("a", limit=64, noise=30.0, on=("p-0",) * 4),)
     fleet = nodes(1, used=4)
