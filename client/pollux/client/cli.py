@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, NoReturn, TypeVar
 import grpc
 
 from pollux import jobspec
-from pollux.client import cli_admin, cli_jobs, completion
+from pollux.client import cli_admin, cli_jobs, cli_sweep, completion
 from pollux.client import format as fmt
 from pollux.client.client import Client
 from pollux.client.config import (
@@ -457,6 +457,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         return parent.add_subparsers(**kwargs)
 
     cli_admin.add_commands(command, sub_parsers)
+    cli_sweep.add_commands(command)
     # For the completion scripts only: no help, so it is neither listed nor completed.
     _add_globals(sub.add_parser(completion.JOBS_COMMAND), env, sub=True)
     shell = command(
@@ -662,6 +663,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "top": _top,
     completion.JOBS_COMMAND: _jobs_for_completion,
     **cli_admin.COMMANDS,
+    **cli_sweep.COMMANDS,
 }
 
 
