@@ -48,14 +48,14 @@ def _fail(requirement: str, value: object, error: ErrorOf | None) -> NoReturn:
     raise problem if error is None else error(problem) from None
 
 
-def _bounds(least: float | None, most: float | None, *, above: float | None = None) -> str:
-    parts = [
+def _requirement(what: str, least: float | None, most: float | None, above: float | None) -> str:
+    bounds = [
         f"> {above:g}" if above is not None else "",
         f"≥ {least:g}" if least is not None else "",
     ]
-    if most is not None:
-        parts.append(f"≤ {most:g}")
-    return " and ".join(p for p in parts if p)
+    bounds.append(f"≤ {most:g}" if most is not None else "")
+    said = " and ".join(b for b in bounds if b)
+    return f"must be {what}" + (f" {said}" if said else "")
 
 
 def whole_number(
@@ -76,20 +76,20 @@ def whole_number(
             values computed rather than typed.
         error: Makes the error raised; `Problem` itself when None.
     """
-    bounds = _bounds(least, most)
-    requirement = "must be a whole number" + (f" {bounds}" if bounds else "")
-    if isinstance(value, bool):
-        _fail(requirement, value, error)
-    if isinstance(value, int):
-        number = value
-    elif reals and isinstance(value, numbers.Integral):
+    number: int | None = None
+    if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
         number = int(value)
-    elif reals and isinstance(value, numbers.Real) and float(value).is_integer():
-        number = int(float(value))
-    else:
-        _fail(requirement, value, error)
-    if (least is not None and number < least) or (most is not None and number > most):
-        _fail(requirement, value, error)
+    elif reals and not isinstance(value, bool):
+        if isinstance(value, numbers.Integral):
+            number = int(value)
+        elif isinstance(value, numbers.Real) and float(value).is_integer():
+            number = int(float(value))
+    if (
+        number is None
+        or (least is not None and number < least)
+        or (most is not None and number > most)
+    ):
+        _fail(_requirement("a whole number", least, most, None), value, error)
     return number
 
 
@@ -102,19 +102,22 @@ def real_number(
     error: ErrorOf | None = None,
 ) -> float:
     """`value` as a finite float, > `above`, ≥ `least` and ≤ `most` where given."""
-    bounds = _bounds(least, most, above=above)
-    requirement = "must be a finite number" + (f" {bounds}" if bounds else "")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        _fail(requirement, value, error)
-    real = float(value)
+    if type(value) is float or type(value) is int:  # the common case, without ABC checks
+        real = float(value)
+    else:
+        real = math.nan if isinstance(value, bool) else _as_float(value)
     if (
         not math.isfinite(real)
         or (above is not None and real <= above)
         or (least is not None and real < least)
         or (most is not None and real > most)
     ):
-        _fail(requirement, value, error)
+        _fail(_requirement("a finite number", least, most, above), value, error)
     return real
+
+
+def _as_float(value: object) -> float:
+    return float(value) if isinstance(value, numbers.Real) else math.nan
 
 
 def text(value: object, *, non_empty: bool = False, error: ErrorOf | None = None) -> str:

@@ -106,7 +106,7 @@ class Field:
     choices: tuple[str, ...] = ()
     """CHOICE: the values allowed ("" is the default)."""
     also: Callable[[Any], str | None] | None = None
-    """A further rule of the value alone, applied when the others hold: the problem or None."""
+    """A further rule of the value alone, applied after the others: the problem or None."""
 
     @property
     def api_parts(self) -> tuple[str, ...]:
@@ -420,10 +420,9 @@ def check(values: Mapping[str, Any]) -> list[Violation]:
         if spec_field.key not in values:
             continue
         value = values[spec_field.key]
-        problems = list(_CHECKS[spec_field.kind](spec_field, value))
-        if not problems and spec_field.also is not None and (problem := spec_field.also(value)):
-            problems.append(Violation(spec_field.key, problem))
-        found.extend(problems)
+        found.extend(_CHECKS[spec_field.kind](spec_field, value))
+        if spec_field.also is not None and (problem := spec_field.also(value)):
+            found.append(Violation(spec_field.key, problem))
     found.extend(_batch_limits(values, out_of_bounds={v.key for v in found}))
     found.extend(_environment(values))
     found.extend(_container_only(values))

@@ -149,16 +149,18 @@ def _integer(argument: str, value: object, *, minimum: int | None = None) -> int
     Any integer-valued real is accepted (2, 2.0, np.int64(2)), so that whether a call is valid
     never depends on what the memos already hold: a memo hit compares keys by value.
     """
-    return checks.whole_number(value, least=minimum, reals=True, error=_invalid(argument, value))
+    try:
+        return checks.whole_number(value, least=minimum, reals=True)
+    except checks.Problem as problem:
+        raise InvalidArgumentError(argument, value, problem.requirement) from None
 
 
 def _positive(argument: str, value: object) -> float:
     """`value` as a finite float > 0."""
-    return checks.real_number(value, above=0, error=_invalid(argument, value))
-
-
-def _invalid(argument: str, value: object) -> checks.ErrorOf:
-    return lambda problem: InvalidArgumentError(argument, value, problem.requirement)
+    try:
+        return checks.real_number(value, above=0)
+    except checks.Problem as problem:
+        raise InvalidArgumentError(argument, value, problem.requirement) from None
 
 
 # -- placements -----------------------------------------------------------------------------------

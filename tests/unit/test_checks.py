@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux import checks
 
 
+@settings(deadline=None)
 @given(st.integers(), st.integers(-5, 5), st.integers(-5, 5))
 def test_a_whole_number_is_taken_exactly_within_its_bounds(value: int, low: int, span: int) -> None:
     high = low + abs(span)
@@ -42,6 +43,7 @@ def test_other_reals_are_not(value: object) -> None:
         checks.whole_number(value, reals=True)
 
 
+@settings(deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_a_real_number_is_finite_and_above_its_bound(value: float) -> None:
     if math.isfinite(value) and value > 0:
