@@ -566,6 +566,11 @@ class NsgaPolicy:
         """The objective's parameters."""
         return self.params
 
+    @property
+    def user_fairness(self) -> bool:
+        """False: the published search weighs every job alike, whoever owns it."""
+        return False
+
     def replica_limit(self, profiled: int, held: int, cap: int) -> int:
         """Pollux's exploration limit within `cap`."""
         return max(1, min(cap, FAITHFUL.limit(profiled, held)))

@@ -47,6 +47,11 @@ class WrappedPolicy(Generic[M]):
         """The wrapped policy's."""
         return self.inner.explain_params
 
+    @property
+    def user_fairness(self) -> bool:
+        """The wrapped policy's."""
+        return self.inner.user_fairness
+
     def replica_limit(self, profiled: int, held: int, cap: int) -> int:
         """The wrapped policy's."""
         return self.inner.replica_limit(profiled, held, cap)

@@ -5,7 +5,8 @@ alike, searched by our greedy marginal-gain solver (`greedy.py`; the published N
 benchmarks/nsga2.py, the baseline it is measured against). The jct mode (`jct=JctParams()`,
 "pollux-jct", the default): p = 0, jobs weighted by their remaining-work rank and moves
 priced over their lifetime (`jct.py`). The round's `Problem` is built once; each job's
-weight is the product of named factors (`weights.WeightFactors`), combined in `allocate`.
+weight is the product of named factors (`weights.WeightFactors`), one of them the users'
+(`owners`: a tenant's users share it alike; with one user per tenant nothing changes).
 With tenants in the state, the policy's tenant-share method (`tenant_shares`) divides the
 GPUs first and the search keeps each tenant within its budget; its `Ledger` is the policy's
 memory between rounds. Without tenants the round is exactly the single-pool one. On nodes
@@ -25,6 +26,7 @@ from pollux.policy.allocation import validate_state
 from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import JctParams
+from pollux.policy.owners import by_owner_turns, owner_factor
 from pollux.policy.problem import IntArray, PolluxParams, Problem
 from pollux.policy.quota import Quota
 from pollux.policy.tenant_shares import DEFAULT, Ledger, TenantShares, tenant_shares
@@ -36,7 +38,7 @@ from pollux.policy.types import (
     JobExplain,
     JobSizing,
 )
-from pollux.policy.weights import FloatArray, WeightFactors
+from pollux.policy.weights import WeightFactors
 
 __all__ = ["FAITHFUL_OBJECTIVE", "JCT_OBJECTIVE", "JctParams", "PolluxParams", "PolluxPolicy"]
 
@@ -58,12 +60,15 @@ class PolluxPolicy:
         jct: The jct mode's settings; None: faithful Pollux.
         tenant_shares: How busy tenants get their shares (only with tenants).
         tables: Goodputs of the typed rounds kept between rounds (not part of its value).
+        user_fairness: Whether the users of a tenant share it alike (`owners`); False, every
+            job alike whoever owns it, is an ablation benchmarks/user_fairness.py measures.
     """
 
     params: PolluxParams = field(default_factory=PolluxParams)
     jct: JctParams | None = None
     tenant_shares: TenantShares = field(default_factory=lambda: tenant_shares(DEFAULT))
     tables: TableCache = field(default_factory=TableCache, compare=False, repr=False)
+    user_fairness: bool = True
 
     @property
     def name(self) -> str:
@@ -122,29 +127,32 @@ class PolluxPolicy:
         params = self.params if self.jct is None else replace(self.params, p=self.jct.p)
         if is_typed(state):
             return self._typed(state, params, memory)
+        owners = None
+        if self.user_fairness:
+            state = by_owner_turns(state)  # the search breaks ties in job order
+            owners = owner_factor(state)
         problem = Problem(on_one_type(state), params)
         if problem.num_jobs == 0:
             return AllocationDecision(allocations={}, explain={}, memory=memory)
-        rank = None
+        factors = WeightFactors(owner=owners)
         if self.jct is not None:
             derived = jct_mode.inputs(problem, self.jct)
-            rank = derived.weight
-            problem = problem.weighted(
-                weight=WeightFactors(remaining_work=rank).combined(), penalty=derived.penalty
-            )
+            factors = replace(factors, remaining_work=derived.weight)
+            problem = problem.weighted(weight=factors.combined(), penalty=derived.penalty)
+        elif owners is not None:
+            problem = problem.weighted(weight=factors.combined())
         if state.tenants:
-            return self._with_tenants(problem, memory, rank)
+            return self._with_tenants(problem, memory, factors)
         return problem.decision(greedy.search(problem))
 
     def _with_tenants(
-        self, problem: Problem, ledger: Ledger | None, rank: FloatArray | None
+        self, problem: Problem, ledger: Ledger | None, factors: WeightFactors
     ) -> AllocationDecision[Ledger]:
-        """The round with the tenant-share method; `rank`: the jct mode's weight factor."""
+        """The round with the tenant-share method; `factors`: every weight factor but its tilt."""
         shares = self.tenant_shares
         division = shares.divide(problem, ledger)
         # Every factor of the job weights, combined here and only here.
-        factors = WeightFactors(remaining_work=rank, tenant=division.tilt)
-        problem = problem.weighted(weight=factors.combined())
+        problem = problem.weighted(weight=replace(factors, tenant=division.tilt).combined())
         placed = greedy.search(problem, division.quota)
         quota, placed = shares.repair(
             problem, division.quota, placed, lambda q: greedy.search(problem, q)

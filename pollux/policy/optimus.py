@@ -4,9 +4,10 @@ Each job's true step time at every replica count and its true remaining iteratio
 simulator; live, predicted from its fitted model) stand in for fitted models. The batch size
 stays fixed; only GPU counts adapt. The round has two phases:
 
-1. **Counts.** Every job, in submission order, gets one GPU while any remain; then, one GPU at
-   a time, the job whose estimated remaining time drops most, (T(K) − T(K+1)) × remaining, gets
-   another, until no GPU is left or no job gains.
+1. **Counts.** Every job, in submission order, gets one GPU while any remain (with several
+   users in the round, in round-robin order over them: `pollux.policy.owners`); then, one
+   GPU at a time, the job whose estimated remaining time drops most,
+   (T(K) − T(K+1)) × remaining, gets another, until no GPU is left or no job gains.
 2. **Placement.** Jobs whose count did not change keep their nodes; the others are placed in
    increasing count, each on the nodes with the most free GPUs (no interference avoidance).
 
@@ -28,6 +29,7 @@ from pollux.policy.allocation import (
     validate_state,
 )
 from pollux.policy.exploration import FAITHFUL, Exploration
+from pollux.policy.owners import owners_of, turns
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -48,7 +50,13 @@ class OptimusPolicy:
     `memory` and `rng` it is given. Its objective is the estimated total remaining seconds of
     the jobs it gives GPUs, Σ remaining_j × T(K_j), which the count phase greedily lowers;
     jobs left without GPUs are excluded, since their remaining time is unbounded.
+
+    Attributes:
+        user_fairness: Hand out the first GPUs round-robin over the jobs' owners, so one
+            user's backlog cannot hold every GPU; False (an ablation): in submission order.
     """
+
+    user_fairness: bool = True
 
     @property
     def name(self) -> str:
@@ -99,7 +107,8 @@ class OptimusPolicy:
         validate_state(state)
         oracles = [checked_oracle(job) for job in state.jobs]
         total = sum(node.gpus for node in state.nodes)
-        counts = choose_counts(state.jobs, oracles, total)
+        order = turns(owners_of(state)) if self.user_fairness else None
+        counts = choose_counts(state.jobs, oracles, total, order)
         allocations = place(state, counts)
         return AllocationDecision(
             allocations=allocations,
@@ -134,16 +143,22 @@ def checked_oracle(job: JobInfo) -> OracleInfo:
     return oracle
 
 
-def choose_counts(jobs: Sequence[JobInfo], oracles: Sequence[OracleInfo], total: int) -> list[int]:
+def choose_counts(
+    jobs: Sequence[JobInfo],
+    oracles: Sequence[OracleInfo],
+    total: int,
+    order: Sequence[int] | None = None,
+) -> list[int]:
     """GPU count of each job: one each in arrival order, then greedy marginal gain (§6.1).
 
-    A job with max_replicas 0 is never started, so that max_replicas is always respected.
+    `order`: the positions of `jobs` in the order the first GPUs go (default: as given). A
+    job with max_replicas 0 is never started, so that max_replicas is always respected.
     """
-    counts = []
+    counts = [0] * len(jobs)
     free = total
-    for job in jobs:
-        first = min(1, free, job.max_replicas)
-        counts.append(first)
+    for j in range(len(jobs)) if order is None else order:
+        first = min(1, free, jobs[j].max_replicas)
+        counts[j] = first
         free -= first
     gains = [gain(job, oracle, k) for job, oracle, k in zip(jobs, oracles, counts, strict=True)]
     while free > 0 and gains and max(gains) > 0:

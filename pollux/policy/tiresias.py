@@ -1,30 +1,31 @@
 """Tiresias, the baseline that runs fixed-size jobs by least attained service (reference §6.2).
 
-Discretised two-dimensional least-attained-service (2D-LAS): jobs keep the GPU count and batch
-size their users chose, and priority falls once a job has used a fixed amount of GPU time.
-The queues outlive a round, so they travel in `TiresiasMemory`. A round, at `state.now`:
+Discretised 2D least-attained-service: jobs keep their chosen GPUs and batch size, priority
+falls past a fixed GPU time; the queues travel in `TiresiasMemory`. A round, at `state.now`:
 
 1. Forget finished jobs; new jobs join the end of queue 0, pending.
 2. Running jobs accrue executed time; a queue-0 job that has used `queue_threshold`
    GPU-seconds moves to the end of queue 1 (starvation promotion is off, as published).
 3. Walk queue 0 then queue 1 counting free GPUs over the whole cluster: a job that fits runs,
-   one that does not waits and loses its GPUs; smaller later jobs may backfill.
+   one that does not waits and loses its GPUs; smaller later jobs may backfill. With several
+   users in the round each queue is walked round-robin over them (`pollux.policy.owners`),
+   so one user's backlog cannot queue ahead of every other user's jobs.
 4. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
-
-Every step is deterministic; the random generator is not needed.
+Deterministic: the random generator is not needed.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pollux.policy.allocation import canonical, gpus, place_on_freest, validate_state
 from pollux.policy.exploration import FAITHFUL, Exploration
+from pollux.policy.owners import owners_of, turns
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -95,12 +96,15 @@ class TiresiasPolicy:
     Attributes:
         queue_threshold: GPU-seconds of service after which a job drops to queue 1; the
             published value is 16 GPU-hours. `math.inf` never demotes (plain FIFO + backfill).
+        user_fairness: Walk each queue round-robin over the jobs' owners; False (an
+            ablation): in queue order, whoever owns the jobs.
 
     Raises:
         PolicyInputError: `queue_threshold` is not > 0.
     """
 
     queue_threshold: float = 3600 * 16
+    user_fairness: bool = True
 
     def __post_init__(self) -> None:
         if not self.queue_threshold > 0:
@@ -158,7 +162,8 @@ class TiresiasPolicy:
         demands = {job.name: demand(job) for job in state.jobs}
         aged = age(recall(memory, state.now), state, demands, self.queue_threshold)
         # No step 3: starvation promotion is off in the published configuration (§6.2 step 3).
-        admitted, free_seen = admit(aged, demands, sum(node.gpus for node in state.nodes))
+        walk = by_owner(aged, state) if self.user_fairness else None
+        admitted, free_seen = admit(aged, demands, sum(node.gpus for node in state.nodes), walk)
         allocations = place(state, admitted, demands)
         return AllocationDecision(
             allocations=allocations,
@@ -226,10 +231,24 @@ def age(
     )
 
 
+def by_owner(memory: TiresiasMemory, state: ClusterState) -> tuple[str, ...]:
+    """Queue 0 then queue 1, each in `turns` order over the owners of its jobs."""
+    owner = dict(zip((job.name for job in state.jobs), owners_of(state), strict=True))
+    walk: list[str] = []
+    for queue in (memory.queue_0, memory.queue_1):
+        walk += [queue[i] for i in turns([owner[name] for name in queue])]
+    return tuple(walk)
+
+
 def admit(
-    memory: TiresiasMemory, demands: Mapping[str, int], total: int
+    memory: TiresiasMemory,
+    demands: Mapping[str, int],
+    total: int,
+    walk: Sequence[str] | None = None,
 ) -> tuple[TiresiasMemory, dict[str, int]]:
     """Run every job whose demand fits the GPUs left, in queue order (reference §6.2 step 4).
+
+    `walk`: the queued jobs in the order their turns come (default: queue 0, then queue 1).
 
     Returns:
         The memory with each job's new status, and the free GPUs each job saw when its turn
@@ -238,7 +257,7 @@ def admit(
     free = total
     free_seen: dict[str, int] = {}
     jobs: dict[str, TiresiasJob] = {}
-    for name in memory.queue_0 + memory.queue_1:
+    for name in memory.queue_0 + memory.queue_1 if walk is None else walk:
         free_seen[name] = free
         fits = demands[name] <= free
         free -= demands[name] if fits else 0

@@ -118,6 +118,10 @@ class JobInfo:
             (the default): `model` serves every type.
         gpu_types: The GPU types it may run on (a hard constraint); None (the default): any.
             Non-empty when set.
+
+        owner: The user who submitted it. The users of a tenant share it alike, however
+            many jobs each queues (`pollux.policy.owners`); jobs of one owner are scheduled
+            exactly as jobs of no owner ("").
     """
 
     name: str
@@ -147,6 +151,8 @@ class JobInfo:
     def allows(self, gpu_type: str) -> bool:
         """Whether it may run on GPUs of `gpu_type`."""
         return self.gpu_types is None or gpu_type in self.gpu_types
+
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +310,15 @@ class Policy(Protocol[M]):
     @property
     def explain_params(self) -> PolluxParams | None:
         """The objective's parameters for Explain's counterfactuals (None: the defaults)."""
+        ...
+
+    @property
+    def user_fairness(self) -> bool:
+        """Whether the users of a tenant share it alike (`pollux.policy.owners`).
+
+        Placement rounds (`pollux.policy.rounds`) then offer the free GPUs to the waiting
+        jobs of the users holding the fewest first.
+        """
         ...
 
     def replica_limit(self, profiled: int, held: int, cap: int) -> int:

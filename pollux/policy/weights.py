@@ -1,11 +1,13 @@
 """Job weights in Pollux's objective: a product of named factors, combined in one place.
 
-Each job's utility in the power mean may be scaled by a weight. Two parts of the policy want
-one: the jct mode ranks jobs by their remaining work (`pollux.policy.jct.rank_weights`), and
-a tenant-share method tilts each job by its tenant's share or what its tenant is owed
-(`pollux.policy.tenant_shares`). Each factor is computed by a pure function from the round's
-`Problem`; `WeightFactors.combined` multiplies them here, and only here, so no factor
-overwrites another. Without any factor every job weighs alike (faithful Pollux).
+Each job's utility in the power mean may be scaled by a weight. Three parts of the policy want
+one: the jct mode ranks jobs by their remaining work (`pollux.policy.jct.rank_weights`), a
+tenant-share method tilts each job by its tenant's share or what its tenant is owed
+(`pollux.policy.tenant_shares`), and the users of a tenant share it alike
+(`pollux.policy.owners.owner_factor`). Each factor is computed by a pure function from the
+round's `Problem` or its state; `WeightFactors.combined` multiplies them here, and only
+here, so no factor overwrites another. Without any factor every job weighs alike (faithful
+Pollux).
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ class WeightFactors:
     Attributes:
         remaining_work: The jct mode's remaining-work rank (heSRPT weights), largest 1.
         tenant: The tenant-share method's per-job tilt, largest 1.
+        owner: Each user's equal part of its tenant's weight, split over its jobs, largest 1.
     """
 
     remaining_work: FloatArray | None = None
     tenant: FloatArray | None = None
+    owner: FloatArray | None = None
 
     def combined(self) -> FloatArray | None:
         """The product of the factors that apply, scaled to a largest of 1; None if none does.
 
         A zero product (every factor 0 somewhere) is left unscaled.
         """
-        present = [f for f in (self.tenant, self.remaining_work) if f is not None]
+        present = [f for f in (self.tenant, self.remaining_work, self.owner) if f is not None]
         if not present:
             return None
         out = present[0]

@@ -32,6 +32,7 @@ from pollux.sim.traces import (
     load_application,
     load_applications,
 )
+from pollux.sim.workload import Flood
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +118,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME[:GUARANTEE[:WEIGHT[:CAP]]]",
         help="a tenant (repeat for each); jobs go to tenants by a hash of their names",
     )
+    run.add_argument(
+        "--owners",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give the workload's jobs to N users (user-0 …) round-robin; the users of a "
+        "tenant share it alike, and each user's mean JCT is reported (default: one user, "
+        "as published)",
+    )
+    run.add_argument(
+        "--flood",
+        type=parse_flood,
+        default=None,
+        metavar="COUNT[@SECONDS]",
+        help="a user 'flood' also submits COUNT copies of the workload's jobs at once, at "
+        "SECONDS (default 0); the workload's jobs are then user-0's unless --owners says",
+    )
     compare = sub.add_parser(
         "compare", help="compare run directories with each other and with the published results"
     )
@@ -169,6 +187,14 @@ def parse_tenant(text: str) -> TenantSpec:
         raise argparse.ArgumentTypeError(f"tenant {text!r}: {err}") from None
 
 
+def parse_flood(text: str) -> Flood:
+    """A `Flood` from COUNT[@SECONDS], e.g. "100@3600"."""
+    try:
+        return Flood.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     spec = spec_for(
         args.policy,
@@ -180,12 +206,16 @@ def _run(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         tenants=tuple(args.tenant),
+        owners=args.owners,
+        flood=args.flood,
     )
     summary = run(
         args.workload, spec, args.output, processes=args.processes, progress=stderr_progress
     )
     for name, avg in summary["avgs"].items():
         print(f"{name}: average JCT {avg:.1f} s")
+    for user, figures in summary.get("users", {}).items():
+        print(f"user {user}: mean JCT {figures['mean_jct']:.1f} s over {figures['jobs']:.0f} jobs")
     print(f"mean of workload averages: {summary['mean']:.1f} s  (written to {args.output})")
     return 0
 

@@ -1,8 +1,9 @@
 """Running workloads (one or a directory of them, in parallel) and writing run directories.
 
 A run directory holds `run.json` (settings), `summary.json` (the published format: per-job JCTs,
-per-workload averages and their mean) and one `<workload>.jsonl` per workload with a record per
-scheduling round. `pollux-sim compare` reads them back (`pollux.sim.report`).
+per-workload averages and their mean; with several users, also each user's mean JCT) and one
+`<workload>.jsonl` per workload with a record per scheduling round. `pollux-sim compare` reads
+them back (`pollux.sim.report`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from pollux.policy.registry import PolicySpec, make_policy
 from pollux.sim.application import load_published_applications
 from pollux.sim.simulator import SimConfig, simulate
 from pollux.sim.traces import default_data_root
-from pollux.sim.workload import assign_tenants, load_workload
+from pollux.sim.workload import (
+    Flood,
+    WorkloadJob,
+    assign_owners,
+    assign_tenants,
+    load_workload,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +37,20 @@ class RunSpec:
     """What to simulate: a policy (name and settings), on a cluster, with the simulator's settings.
 
     The policy's restart delay is the simulator's (`SimConfig.restart_delay`), set by
-    `spec_for`.
+    `spec_for`. `owners`: give the workload's jobs to that many users round-robin
+    (`assign_owners`; 0: the one user of the published workloads, "user-0" beside a
+    flood); `flood`: a user who adds a backlog (`Flood`).
     """
 
     policy: PolicySpec
     config: SimConfig
+    owners: int = 0
+    flood: Flood | None = None
+
+    @property
+    def users(self) -> bool:
+        """Whether the jobs have several users (each user's mean JCT is then reported)."""
+        return self.owners > 1 or self.flood is not None
 
 
 def workload_files(target: Path) -> list[Path]:
@@ -58,18 +74,33 @@ def infer_load(target: Path) -> str | None:
     return match.group(1) or "1.0"
 
 
-def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float]:
-    """Simulate one workload; returns its JCTs. Writes the per-round log if asked.
+def workload_for(path: Path, spec: RunSpec) -> list[WorkloadJob]:
+    """The workload file `path` as `spec` runs it: its owners, flood and tenants assigned.
 
     With tenants configured and a workload that names none, jobs go to tenants by a hash of
     their names (`assign_tenants`).
     """
-    policy = make_policy(spec.policy)
-    apps = load_published_applications(default_data_root() / "traces")
     workload = load_workload(path)
+    if spec.owners or spec.flood is not None:
+        workload = assign_owners(workload, max(spec.owners, 1))
+    if spec.flood is not None:
+        workload = spec.flood.added_to(workload)
     tenants = spec.config.tenants
     if tenants and not any(job.tenant for job in workload):
         workload = assign_tenants(workload, [t.name for t in tenants])
+    return workload
+
+
+def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float]:
+    """Simulate one workload (`workload_for`); its JCTs. Writes the per-round log if asked."""
+    return _simulate(workload_for(path, spec), spec, log_path)
+
+
+def _simulate(
+    workload: list[WorkloadJob], spec: RunSpec, log_path: Path | None
+) -> dict[str, float]:
+    policy = make_policy(spec.policy)
+    apps = load_published_applications(default_data_root() / "traces")
     if log_path is None:
         return simulate(workload, apps, policy, spec.config).jcts
     with log_path.open("w") as log:
@@ -80,9 +111,14 @@ def run_one(path: Path, spec: RunSpec, log_path: Path | None) -> dict[str, float
         return simulate(workload, apps, policy, spec.config, on_round=write).jcts
 
 
-def _run_entry(args: tuple[Path, RunSpec, Path | None]) -> tuple[str, dict[str, float]]:
+Result = tuple[str, dict[str, float], dict[str, str]]
+"""One workload's name, its JCT by job and its owner by job."""
+
+
+def _run_entry(args: tuple[Path, RunSpec, Path | None]) -> Result:
     path, spec, log_path = args
-    return path.stem, run_one(path, spec, log_path)
+    workload = workload_for(path, spec)
+    return path.stem, _simulate(workload, spec, log_path), {j.name: j.owner for j in workload}
 
 
 def run(
@@ -93,17 +129,23 @@ def run(
     processes: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Simulate every workload of `target` and write the run directory `output`."""
+    """Simulate every workload of `target` and write the run directory `output`.
+
+    Returns:
+        summary.json's content: "jcts", "avgs", "mean" and, with several users (`RunSpec.users`),
+        "users": each user's job count and mean JCT over the jobs of every workload.
+    """
     files = workload_files(target)
     output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     tasks = [(path, spec, output / f"{path.stem}.jsonl") for path in files]
     jcts: dict[str, dict[str, float]] = {}
+    owners: dict[str, dict[str, str]] = {}
     workers = max(1, min(processes or os.cpu_count() or 1, len(tasks)))
     if workers == 1:
         results = map(_run_entry, tasks)
-        for name, result in results:
-            jcts[name] = result
+        for name, result, owned in results:
+            jcts[name], owners[name] = result, owned
             _report(progress, name, result, len(jcts), len(tasks), started)
     else:
         # One process per workload already fills the CPUs; BLAS threads in each would only
@@ -111,12 +153,18 @@ def run(
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for name, result in pool.imap_unordered(_run_entry, tasks):
-                jcts[name] = result
+            for name, result, owned in pool.imap_unordered(_run_entry, tasks):
+                jcts[name], owners[name] = result, owned
                 _report(progress, name, result, len(jcts), len(tasks), started)
     ordered = {name: jcts[name] for name in sorted(jcts, key=_natural)}
     avgs = {name: sum(v.values()) / len(v) for name, v in ordered.items()}
-    summary = {"jcts": ordered, "avgs": avgs, "mean": sum(avgs.values()) / len(avgs)}
+    summary: dict[str, Any] = {
+        "jcts": ordered,
+        "avgs": avgs,
+        "mean": sum(avgs.values()) / len(avgs),
+    }
+    if spec.users:
+        summary["users"] = per_user(ordered, owners)
     (output / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     info = {
         "policy": spec.policy.name,
@@ -132,20 +180,39 @@ def run(
         "sync_model": spec.config.sync_model.value,
         "workloads": list(ordered),
         **({"tenants": [asdict(t) for t in spec.config.tenants]} if spec.config.tenants else {}),
+        **({"owners": spec.owners} if spec.owners else {}),
+        **({"flood": asdict(spec.flood)} if spec.flood is not None else {}),
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     (output / "run.json").write_text(json.dumps(info, indent=1) + "\n")
     return summary
 
 
-def spec_for(policy: str, **overrides: Any) -> RunSpec:
+def per_user(
+    jcts: dict[str, dict[str, float]], owners: dict[str, dict[str, str]]
+) -> dict[str, dict[str, float]]:
+    """Each owner's job count ("jobs") and mean JCT ("mean_jct", s) over every workload's jobs."""
+    mine: dict[str, list[float]] = {}
+    for workload, per_job in jcts.items():
+        for job, jct in per_job.items():
+            mine.setdefault(owners[workload][job], []).append(jct)
+    return {
+        owner: {"jobs": len(values), "mean_jct": sum(values) / len(values)}
+        for owner, values in sorted(mine.items(), key=lambda item: _natural(item[0]))
+    }
+
+
+def spec_for(
+    policy: str, *, owners: int = 0, flood: Flood | None = None, **overrides: Any
+) -> RunSpec:
     """A RunSpec for policy `policy` (a registry name) with simulator overrides (interval …).
 
     Raises:
         PolicySpecError: `policy` names no policy (the message lists those that exist).
     """
     config = replace(SimConfig(), **overrides)
-    return RunSpec(PolicySpec.parse(policy, restart_delay_s=config.restart_delay), config)
+    spec = PolicySpec.parse(policy, restart_delay_s=config.restart_delay)
+    return RunSpec(spec, config, owners, flood)
 
 
 def _report(

@@ -456,6 +456,7 @@ class SimJob:
             target_batch_size=self.target_batch,
             oracle=oracle,
             tenant=self.spec.tenant,
+            owner=self.spec.owner,
             remaining_work=remaining,
             restart_pause_s=pause,
         )

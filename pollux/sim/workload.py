@@ -27,6 +27,8 @@ class WorkloadJob:
         num_replicas: Tuned GPU count (used by Tiresias).
         batch_size: Tuned total batch size (used by Optimus and Tiresias).
         tenant: The tenant it belongs to ("" : none; see `assign_tenants`).
+        owner: The user who submitted it ("": the published workloads' one user; see
+            `assign_owners` and `Flood`).
     """
 
     name: str
@@ -35,6 +37,7 @@ class WorkloadJob:
     num_replicas: int
     batch_size: int
     tenant: str = ""
+    owner: str = ""
 
 
 def load_workload(path: Path | str) -> list[WorkloadJob]:
@@ -104,6 +107,80 @@ def assign_tenants(
     else:
         pick = _weighted_picks(jobs, len(tenants), how, shares)
     return [replace(job, tenant=tenants[t]) for job, t in zip(jobs, pick, strict=True)]
+
+
+def assign_owners(
+    jobs: Sequence[WorkloadJob], count: int, how: Literal["hash", "round_robin"] = "round_robin"
+) -> list[WorkloadJob]:
+    """The jobs, each owned by one of `count` users "user-0" … (the published workloads name none).
+
+    "round_robin": in submission order, so the users' job counts differ by at most one;
+    "hash": by CRC-32 of the job name, as `assign_tenants` does.
+    """
+    if count < 1:
+        raise ValueError(f"need at least one owner, got {count}")
+    if how not in ("hash", "round_robin"):
+        raise ValueError(f"unknown assignment {how!r}; choose 'hash' or 'round_robin'")
+    return [
+        replace(job, owner=f"user-{_pick(job.name, i, count, how)}") for i, job in enumerate(jobs)
+    ]
+
+
+def _pick(name: str, position: int, count: int, how: str) -> int:
+    return zlib.crc32(name.encode()) % count if how == "hash" else position % count
+
+
+@dataclass(frozen=True, slots=True)
+class Flood:
+    """A user who submits a backlog at once: `jobs` jobs at `at` seconds, as `owner`.
+
+    The jobs copy the workload's own, in submission order (cycled when `jobs` is larger),
+    named "<owner>-0", "<owner>-1", …: the same job mix, all queued at one moment.
+    """
+
+    jobs: int
+    at: float = 0.0
+    owner: str = "flood"
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1 or not (math.isfinite(self.at) and self.at >= 0):
+            raise ValueError(f"a flood needs ≥ 1 job at a time ≥ 0, got {self.jobs} at {self.at}")
+        if not self.owner:
+            raise ValueError("a flood needs a non-empty owner")
+
+    @classmethod
+    def parse(cls, text: str) -> Flood:
+        """A flood from "COUNT[@SECONDS]", e.g. "100@3600".
+
+        Raises:
+            ValueError: `text` is not of that form or out of range.
+        """
+        count, _, at = text.partition("@")
+        try:
+            return cls(int(count), float(at or 0.0))
+        except ValueError as err:
+            raise ValueError(f"flood {text!r}: expected COUNT[@SECONDS] ({err})") from None
+
+    def added_to(self, jobs: Sequence[WorkloadJob]) -> list[WorkloadJob]:
+        """`jobs` with the flood's jobs, in submission order (the flood after jobs of its time)."""
+        if not jobs:
+            raise ValueError("a flood copies the workload's jobs: the workload has none")
+        names = {job.name for job in jobs}
+        flood = [
+            replace(
+                jobs[i % len(jobs)],
+                name=f"{self.owner}-{i}",
+                submission_time=self.at,
+                owner=self.owner,
+            )
+            for i in range(self.jobs)
+        ]
+        clash = sorted(names & {job.name for job in flood})
+        if clash:
+            raise ValueError(
+                f"the workload already has jobs named {clash[:3]}: choose another owner"
+            )
+        return sorted([*jobs, *flood], key=lambda job: job.submission_time)
 
 
 def _weighted_picks(

@@ -96,6 +96,7 @@ class ScriptedPolicy:
     needs_oracle = False
     objective_text = ""
     explain_params = None
+    user_fairness = True
 
     def replica_limit(self, profiled: int, held: int, cap: int) -> int:
         """Pollux's exploration limit within `cap`."""

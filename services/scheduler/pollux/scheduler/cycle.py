@@ -595,6 +595,7 @@ def _job_info(
         target_batch_size=int(spec.batch.initial_batch_size),
         oracle=oracle,
         tenant=job.tenant,
+        owner=job.owner,
         remaining_work=remaining,
         restart_pause_s=pause,
         resizes=int(job.resizes),
