@@ -38,7 +38,8 @@ class SchedulingConfig:
     event_rounds: str = "place"
     """What an event-triggered round does. "place" (the default): place jobs that never ran
     on the GPUs no job holds, and leave every other job to the periodic rounds, which keep
-    their own clock (pollux.policy.placement). "full": re-plan every job, the periodic timer
+    their own clock (pollux.policy.placement; but a user of a tenant holding no GPU takes
+    one from a user holding two or more). "full": re-plan every job, the periodic timer
     restarting from the round; an arrival and a departure in the same minute then move the
     running jobs twice (more restarts per job on the simulator: docs/results.md, "The jct
     mode: further runs and discussion"). With tenants every round is a full one."""
