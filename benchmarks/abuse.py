@@ -1,7 +1,6 @@
 """One user tries to jam a secure local cluster: 800 open streams and 3,000 submits.
 
-A real `LocalCluster` (etcd with client certificates, two scheduler replicas, an agent, two
-launchers; TLS and tokens everywhere, as `pollux-up` starts it) gets two users of one tenant.
+A real secure `LocalCluster` (as `pollux-up` starts it) gets two users of one tenant.
 `mallory`, from her own process, opens `--streams` streams at the leader (three quarters
 WatchJobs, a quarter StreamLogs of a job of hers) and sends `--submits` submits of short jobs,
 64 at a time, while this process samples the schedulers' memory, the leader and `victor`'s

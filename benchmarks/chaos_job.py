@@ -1,19 +1,14 @@
 """The fault suite's job: visible ticks, a verifiable checkpoint, metrics for its agent; no torch.
 
 Started by a launcher like any replica (it reads the environment contract). Every `TICK_S` it
-appends one line to ``<POLLUX_CHECKPOINT_DIR>/ticks``:
-
-    <generation> <rank> <step> <time_ns> <pid>
-
-with one `write` on an O_APPEND descriptor (lines never interleave), so the fault suite can see
-whether two generations of the job ever ran at once. Rank 0 checkpoints its step every
-`CHECKPOINT_EVERY` steps and on SIGTERM to ``state.json`` (temporary name, then rename; the
-payload carries its own sha256) and honours the launcher's generation fence: it writes only
-while ``.pollux-generation`` names no newer generation, as `pollux.train` does. A replica that
-finds a checkpoint whose digest does not match writes ``CORRUPT`` and exits 3. Every 2 s it
-reports step observations to its agent, following the agent list each answer carries, so the
-scheduler sees a throughput model and rescales the job; each report an agent took is recorded
-as ``<time_ns> <agent>`` in ``reports`` (the fault suite waits for one after an agent fault).
+appends ``<generation> <rank> <step> <time_ns> <pid>`` to ``<POLLUX_CHECKPOINT_DIR>/ticks`` in
+one `write` on an O_APPEND descriptor, so the suite sees whether two generations ever ran at
+once. Rank 0 checkpoints its step every `CHECKPOINT_EVERY` steps and on SIGTERM to
+``state.json`` (temporary name, then rename; the payload carries its sha256), only while
+``.pollux-generation`` names no newer generation, as `pollux.train` does; a checkpoint whose
+digest does not match makes it write ``CORRUPT`` and exit 3. Every 2 s it reports step
+observations to its agent (following the agent list each answer carries), so the scheduler
+rescales the job, and records each report taken as ``<time_ns> <agent>`` in ``reports``.
 
     python chaos_job.py STEPS
 """

@@ -1,16 +1,13 @@
 """Control-plane figures on a real local cluster (etcd + scheduler replicas as processes).
 
 1. Submit latency (p50/p99) with 100 concurrent clients each submitting once a second, then
-   the maximum submit throughput with 100 clients in a closed loop (each submits its next
-   job as soon as the previous one is acknowledged); clients are spread over the replicas the
-   way clients given the full server list spread.
+   the maximum submit throughput with 100 clients in a closed loop; clients are spread over
+   the replicas the way clients given the full server list spread.
 2. Leader failover over 20 `kill -9` cycles: seconds from the kill until a replica reports a
    new leader (max and median); the killed replica is restarted each cycle.
-3. Deposed leaders: 3 cycles pause the leader (SIGSTOP) until another replica leads, then
-   resume it; a decision record written by the old leader after that is a fenced write that
-   got through (must be 0).
-4. Jobs lost: every acknowledged submit (including ones made during failovers) must be listed
-   at the end (must be 0).
+3. Deposed leaders: 3 cycles pause the leader (SIGSTOP) until another leads, then resume it;
+   a decision record the old leader wrote after that is a fenced write that got through (0).
+4. Jobs lost: every acknowledged submit (failovers included) must be listed at the end (0).
 
     python benchmarks/control_plane.py [--clients 100] [--seconds 10] [--cycles 20]
 """

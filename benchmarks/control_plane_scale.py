@@ -1,29 +1,17 @@
 """Control-plane scale: rounds, reads, memory and etcd size with many jobs and nodes.
 
-For each scenario (nodes × active jobs × finished jobs) on a fresh local etcd and one real
-scheduler process (`pollux-scheduler`, Pollux policy, `--interval`):
-
-1. `nodes` nodes with 4 GPUs each are registered under leases, as launchers do;
-2. `finished` jobs are written straight into etcd as CANCELLED records ended an hour ago (what
-   30 days of retention keeps), in 1 MiB transactions — the API would take minutes per 100k;
-3. `active` jobs are submitted through the API (SubmitJob, 64 concurrent calls);
-4. once every active job has been seen by a round, `--rounds` rounds are measured from the
-   scheduler's own `round_committed` log lines: whole round (snapshot + policy + commit) p50
-   and p99, and each phase's p50;
-5. ClusterStatus and the first `pollux-cli ls` page (ListJobs, 100 jobs) are timed (median of
-   10) and the scheduler's peak RSS (VmHWM) read;
-6. every active job is cancelled at once through the API (64 calls in flight), and the longest
-   gap between rounds during that burst is measured;
-7. etcd's database is measured after compacting to
-   the current revision: live bytes now, and the steady state once the decision history
-   (`decision_history` records of this size) is full. With auto-compaction and retention that
-   is the most etcd ever holds for this load, so the days until etcd's default 2 GiB quota is
-   reached are "never" when it fits.
+For each scenario (nodes × active jobs × finished jobs: every combination, or those `--only
+N:A:F,...` names), on a fresh local etcd and one real scheduler process: register `nodes` nodes
+of 4 GPUs under leases; write `finished` CANCELLED records ended an hour ago straight into etcd
+(what 30 days of retention keeps); submit `active` jobs through the API; once a round has seen
+them all, measure `--rounds` rounds from the scheduler's `round_committed` lines (p50, p99,
+each phase's p50); time ClusterStatus and the first `pollux-cli ls` page and read the peak RSS;
+cancel every active job at once and measure the longest gap between rounds; and measure etcd's
+database after compaction, now and in the steady state once the decision history is full (the
+days to etcd's 2 GiB quota).
 
     python benchmarks/control_plane_scale.py [--nodes 16,500] [--active 160,10000]
         [--finished 0,100000] [--rounds 10] [--interval 2]
-
-Scenarios are every combination; `--only N:A:F,...` picks some.
 """
 
 from __future__ import annotations
@@ -43,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from pollux.service.etcd.maintenance import EtcdMaintenance
 from pollux.service.keys import Kind
 from pollux.service.local_cluster import LocalCluster
 from pollux.service.store import MAX_TXN_BYTES, Put, Store
@@ -124,9 +113,10 @@ async def cancel_all(address: str) -> tuple[float, int]:
 
 async def live_bytes(store: Store) -> int:
     """Bytes etcd holds for live keys: compacted to now, then its in-use size."""
-    member = await store.member_status()
-    await store.compact(member.revision)
-    return (await store.member_status()).db_in_use
+    maintenance = EtcdMaintenance(store)
+    member = await maintenance.member_status()
+    await maintenance.compact(member.revision)
+    return (await maintenance.member_status()).db_in_use
 
 
 async def live_growth(store: Store, log: Path, count: int) -> float:

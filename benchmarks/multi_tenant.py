@@ -28,7 +28,10 @@ from typing import Literal
 
 import numpy as np
 
-from benchmarks.wrapped import WrappedPolicy
+try:
+    from benchmarks.wrapped import WrappedPolicy
+except ImportError:  # run as a script: this folder is on the path
+    from wrapped import WrappedPolicy  # type: ignore[import-not-found, no-redef]
 from pollux.policy import greedy
 from pollux.policy.problem import PolluxParams, Problem
 from pollux.policy.quota import Tenants, entitlements

@@ -22,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.nsga2 import NsgaPolicy
+try:
+    from benchmarks.nsga2 import NsgaPolicy
+except ImportError:  # run as a script: this folder is on the path
+    from nsga2 import NsgaPolicy  # type: ignore[import-not-found, no-redef]
 from pollux.goodput import GoodputModel, GradParams, PerfParams, SyncModel
 from pollux.policy import ClusterState, JobInfo, NodeInfo
 from pollux.policy.registry import PolicySpec, make_policy

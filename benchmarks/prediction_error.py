@@ -25,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.wrapped import WrappedPolicy
+try:
+    from benchmarks.wrapped import WrappedPolicy
+except ImportError:  # run as a script: this folder is on the path
+    from wrapped import WrappedPolicy  # type: ignore[import-not-found, no-redef]
 from pollux.goodput import GoodputModel
 from pollux.policy.forecast import forecast
 from pollux.policy.registry import make_policy

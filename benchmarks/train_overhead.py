@@ -1,18 +1,14 @@
 """Step-time overhead of `pollux.train` over a plain PyTorch (DDP) loop on a small model.
 
-The library adds: per-step learning-rate scaling, step-time marks, the metrics reporter thread,
-gradient hooks (several replicas or accumulation), and, on the steps where it measures the
-gradient noise scale (once per `--stats-interval` M0-batches), a few passes over the gradients
-and, with several replicas, one small all-reduce (norms, stop flag, batch configuration).
-This script measures what that costs against the same model trained by a plain loop
-(`DistributedDataParallel` with ``no_sync`` for accumulation, `DistributedSampler` +
-`DataLoader` for data) in the same processes. The loops alternate in short segments in ABBA
-order; the overhead is the median over rounds of the ratio of the two segments' median step
-times, which cancels most of the drift of a shared machine.
-
-Configurations: 1 process, and 2 processes (gloo on CPU; NCCL when there is a GPU per process),
-with and without gradient accumulation. Each process uses one CPU thread. For each one it prints
-the median step time of both loops and the overhead; the last line is the worst overhead.
+The library adds per-step learning-rate scaling, step-time marks, the metrics reporter thread,
+gradient hooks and, every `--stats-interval` M0-batches, the gradient noise scale (a few passes
+over the gradients and, with several replicas, one small all-reduce). This script measures that
+against the same model trained by a plain loop (`DistributedDataParallel`, ``no_sync`` for
+accumulation, `DistributedSampler` + `DataLoader`) in the same processes, the loops alternating
+in ABBA segments; the overhead is the median over rounds of the ratio of the segments' median
+step times, which cancels most of a shared machine's drift. Configurations: 1 and 2 processes
+(gloo on CPU; NCCL with a GPU per process), with and without accumulation, one CPU thread
+each. Figures: docs/results.md, "Step-time overhead".
 
 Usage: python benchmarks/train_overhead.py [--steps N] [--rounds R] [--stats-interval I] ...
 """

@@ -5,10 +5,8 @@ N users: the regular users); another user, "flood", submits a backlog at once
 (`pollux.sim.workload.Flood`: copies of the workload's jobs, all at one time). Each policy
 runs with fairness between users (`pollux.policy.owners`, the default) and without it (every
 job alike, the ablation). Per policy it prints the regular users' mean JCT, their jobs' wait
-for a first GPU (mean, p90, max, in seconds and in rounds that saw the job waiting), the
-flood's mean JCT, every job's mean JCT, and the regular users' share of the held GPUs (and
-of the active jobs) over the rounds in which a flood job waits. Figures: docs/results.md
-("Fairness between users").
+for a first GPU, the flood's and every job's mean JCT, and the regular users' share of the
+held GPUs while a flood job waits. Figures: docs/results.md ("Fairness between users").
 
     python benchmarks/user_fairness.py [--load 1.0] [--workloads 1,2,...] [--flood 100@3600]
         [--owners 1] [--policies pollux-jct,pollux,optimus,tiresias] [--processes 2]

@@ -1,34 +1,17 @@
 """Train a small MLP classifier on synthetic data with `pollux.train` (no downloads).
 
-The data are Gaussian clusters, one per class, drawn from a seeded generator, so every run with
-the same ``--seed`` sees the same samples and (on one process) computes the same numbers.
-
-Runs as it is::
-
-    python examples/elastic_classifier.py --epochs 5
-
-or as several replicas, under the environment the Pollux launcher (or torchrun) sets::
-
-    torchrun --nproc-per-node 2 examples/elastic_classifier.py --epochs 5
-    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python examples/... &
-    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python examples/...
-
-or submitted to a Pollux cluster (``examples/elastic_job.yaml``), where the launcher sets that
-environment, the trainer reports to the job's agent and takes its batch size from it.
-
-With ``POLLUX_CHECKPOINT_DIR`` (or ``--checkpoint-dir``) set, SIGTERM makes it checkpoint and
-exit with code 143, and the next start resumes where it stopped, on any number of replicas.
-The loop is the usual PyTorch loop; the lines that involve the trainer are marked ``# pollux``.
-
-Two options exist for demonstrations and tests on machines without GPUs:
-
-- ``--emulate-ms FIXED,PER_SAMPLE`` sleeps that long per micro-batch, as if an accelerator
-  computed it, so that CPU "GPU slots" show a GPU job's shape of step time (a fixed cost plus a
-  cost per sample) without the replicas fighting over the CPU cores;
-- ``--audit-dir DIR`` makes every replica append, per micro-batch, its allocation generation,
-  rank, replica count, epoch, optimizer step and sample indices to
-  ``samples-<gen>-<rank>.txt``, and rank 0 one JSON line per epoch to ``epochs.jsonl``, so a
-  test can check that elastic restarts neither lose nor repeat samples.
+The data are Gaussian clusters, one per class, from a seeded generator, so every run with the
+same ``--seed`` sees the same samples. It runs as it is (``python
+examples/elastic_classifier.py --epochs 5``), as several replicas under the environment the
+Pollux launcher or torchrun sets (``torchrun --nproc-per-node 2 examples/...``), or submitted
+to a Pollux cluster (``examples/elastic_job.yaml``), where the trainer reports to the job's
+agent and takes its batch size from it. With ``POLLUX_CHECKPOINT_DIR`` (or
+``--checkpoint-dir``) set, SIGTERM makes it checkpoint and exit 143, and the next start
+resumes there on any number of replicas. The loop is the usual PyTorch loop; the lines that
+involve the trainer are marked ``# pollux``. For machines without GPUs, ``--emulate-ms
+FIXED,PER_SAMPLE`` sleeps per micro-batch as an accelerator would compute, so CPU slots show a
+GPU job's step times, and ``--audit-dir DIR`` logs each replica's samples and each epoch, so a
+test can check that elastic restarts neither lose nor repeat samples (docs/training.md).
 """
 
 from __future__ import annotations
@@ -195,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             total += loss.detach() * len(labels)  # no .item(): it would sync a GPU every batch
             seen += len(labels)
         test_loss, accuracy = evaluate(trainer.module, test, trainer.device)
+        # Plotted on the job's page in the dashboard (rank 0's values are the ones sent).
+        trainer.log(test_loss=test_loss, accuracy=accuracy)
         if env.rank == 0:
             stats = trainer.grad_stats
             pgns = None if stats is None else stats.pgns(args.batch_size)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from pollux import checks
 from pollux.goodput.errors import InvalidInputError
 
 ArrayLike = npt.ArrayLike
@@ -19,17 +19,21 @@ IntArray = npt.NDArray[np.int64]
 def finite_scalar(
     field: str, value: float, *, minimum: float | None = None, strict: bool = False
 ) -> float:
-    """Return `value` as a float after checking it is finite and not below `minimum`."""
+    """Return `value` as a float after checking it is finite and not below `minimum`.
+
+    Anything `float` takes is a number here (a 0-d array, a numpy scalar); the range is the
+    shared check's (`pollux.checks.real_number`).
+    """
     try:
         x = float(value)
     except (TypeError, ValueError):
         raise InvalidInputError(field, f"must be a number, got {value!r}") from None
-    if not math.isfinite(x):
-        raise InvalidInputError(field, f"must be finite, got {x}")
-    if minimum is not None and (x <= minimum if strict else x < minimum):
-        relation = ">" if strict else "≥"
-        raise InvalidInputError(field, f"must be {relation} {minimum}, got {x}")
-    return x
+    return checks.real_number(
+        x,
+        above=minimum if strict else None,
+        least=None if strict else minimum,
+        error=lambda problem: InvalidInputError(field, str(problem)),
+    )
 
 
 def finite_array(

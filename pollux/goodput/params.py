@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 import math
-import numbers
 from dataclasses import dataclass, fields
 
+from pollux import checks
 from pollux.goodput._validate import finite_scalar
 from pollux.goodput.errors import InvalidInputError
 
@@ -185,11 +185,6 @@ class GoodputModel:
 
 
 def _positive_int(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidInputError(field, f"must be a whole number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x) or x != int(x):
-        raise InvalidInputError(field, f"must be a whole number, got {value!r}")
-    if x < 1:
-        raise InvalidInputError(field, f"must be ≥ 1, got {value}")
-    return int(x)
+    return checks.whole_number(
+        value, least=1, reals=True, error=lambda problem: InvalidInputError(field, str(problem))
+    )

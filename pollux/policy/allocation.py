@@ -11,8 +11,9 @@ from pollux.policy.types import Allocation, ClusterState, PolicyInputError
 def validate_state(state: ClusterState) -> None:
     """Reject a snapshot no policy can act on, naming the offending field.
 
-    Checks: unique node, tenant and job names, positive GPU counts, replica bounds, and that
-    current allocations name known nodes without exceeding any node's GPUs. (Each `TenantSpec`
+    Checks: unique node, tenant and job names, positive GPU counts, replica bounds, allowed
+    GPU types (None or non-empty), and that current allocations name known nodes without
+    exceeding any node's GPUs. (Each `TenantSpec`
     checks its own fields when it is built.)
     """
     names = [n.name for n in state.nodes]
@@ -43,6 +44,14 @@ def validate_state(state: ClusterState) -> None:
         if job.target_replicas is not None and job.target_replicas < 1:
             raise PolicyInputError(
                 f"{where}.target_replicas", f"must be ≥ 1, got {job.target_replicas}"
+            )
+        if job.gpu_types is not None and (
+            not isinstance(job.gpu_types, frozenset) or not job.gpu_types
+        ):
+            raise PolicyInputError(
+                f"{where}.gpu_types",
+                f"must be a non-empty frozenset of GPU types or None (any type), "
+                f"got {job.gpu_types!r}",
             )
         unknown = [n for n in job.allocation if n not in capacity]
         if unknown:

@@ -5,12 +5,13 @@ alike, searched by our greedy marginal-gain solver (`greedy.py`; the published N
 benchmarks/nsga2.py, the baseline it is measured against). The jct mode (`jct=JctParams()`,
 "pollux-jct", the default): p = 0, jobs weighted by their remaining-work rank and moves
 priced over their lifetime (`jct.py`). The round's `Problem` is built once; each job's
-weight is the product of named factors (`weights.WeightFactors`), combined in `allocate`.
-The users of a tenant share it alike (`owners`): each user's jobs share one equal weight,
-and ties go round-robin over users; with one user per tenant nothing changes.
+weight is the product of named factors (`weights.WeightFactors`), one of them the users'
+(`owners`: a tenant's users share it alike; with one user per tenant nothing changes).
 With tenants in the state, the policy's tenant-share method (`tenant_shares`) divides the
 GPUs first and the search keeps each tenant within its budget; its `Ledger` is the policy's
-memory between rounds. Without tenants the round is exactly the single-pool one.
+memory between rounds. Without tenants the round is exactly the single-pool one. On nodes
+of several GPU types, or when a job restricts its types, the same objective is solved over
+one configuration per job (`typed_round`); otherwise the round is exactly the single-type one.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pollux.policy import greedy
+from pollux.policy import greedy, typed_round
 from pollux.policy import jct as jct_mode
 from pollux.policy.allocation import validate_state
+from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import JctParams
 from pollux.policy.owners import by_owner_turns, owner_factor
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.problem import IntArray, PolluxParams, Problem
+from pollux.policy.quota import Quota
 from pollux.policy.tenant_shares import DEFAULT, Ledger, TenantShares, tenant_shares
 from pollux.policy.tenant_shares.common import explained
+from pollux.policy.typed_problem import TableCache, typed_problem
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
@@ -55,6 +59,7 @@ class PolluxPolicy:
         params: The objective's knobs (the published ones by default).
         jct: The jct mode's settings; None: faithful Pollux.
         tenant_shares: How busy tenants get their shares (only with tenants).
+        tables: Goodputs of the typed rounds kept between rounds (not part of its value).
         user_fairness: Whether the users of a tenant share it alike (`owners`); False, every
             job alike whoever owns it, is an ablation benchmarks/user_fairness.py measures.
     """
@@ -62,6 +67,7 @@ class PolluxPolicy:
     params: PolluxParams = field(default_factory=PolluxParams)
     jct: JctParams | None = None
     tenant_shares: TenantShares = field(default_factory=lambda: tenant_shares(DEFAULT))
+    tables: TableCache = field(default_factory=TableCache, compare=False, repr=False)
     user_fairness: bool = True
 
     @property
@@ -119,11 +125,13 @@ class PolluxPolicy:
                 memory=memory,
             )
         params = self.params if self.jct is None else replace(self.params, p=self.jct.p)
+        if is_typed(state):
+            return self._typed(state, params, memory)
         owners = None
         if self.user_fairness:
             state = by_owner_turns(state)  # the search breaks ties in job order
             owners = owner_factor(state)
-        problem = Problem(state, params)
+        problem = Problem(on_one_type(state), params)
         if problem.num_jobs == 0:
             return AllocationDecision(allocations={}, explain={}, memory=memory)
         factors = WeightFactors(owner=owners)
@@ -151,3 +159,46 @@ class PolluxPolicy:
         )
         decision: AllocationDecision[Ledger] = explained(problem.decision(placed), quota)
         return replace(decision, memory=shares.remember(ledger, quota, problem, decision))
+
+    def _typed(
+        self, state: ClusterState, params: PolluxParams, ledger: Ledger | None
+    ) -> AllocationDecision[Ledger]:
+        """The round on several GPU types (or with type restrictions), same objective."""
+        problem = typed_problem(state, params, self.tables)
+        if problem.num_jobs == 0:
+            return AllocationDecision(allocations={}, explain={}, memory=ledger)
+        rank, penalty = None, None
+        if self.jct is not None:
+            derived = jct_mode.inputs(problem, self.jct)
+            rank, penalty = derived.weight, derived.penalty
+        if not state.tenants:
+            problem = problem.weighted(
+                weight=WeightFactors(remaining_work=rank).combined(), penalty=penalty
+            )
+            return typed_round.decision(problem, typed_round.solve(problem))
+        # Tenants: budgets in GPUs of any type, from the single-type view of the round (each
+        # job's goodput curve on its current type's model); the typed search keeps them.
+        pooled = Problem(state, params)
+        if rank is not None:
+            pooled = pooled.weighted(
+                weight=WeightFactors(remaining_work=rank).combined(), penalty=penalty
+            )
+        shares = self.tenant_shares
+        division = shares.divide(pooled, ledger)
+        weight = WeightFactors(remaining_work=rank, tenant=division.tilt).combined()
+        pooled = pooled.weighted(weight=weight)
+        problem = problem.weighted(weight=weight, penalty=penalty)
+        results: dict[bytes, typed_round.TypedResult] = {}
+
+        def search(quota: Quota) -> IntArray:
+            result = typed_round.solve(problem, quota)
+            placed = typed_round.matrix(problem, result.placed)
+            results[quota.budget.tobytes()] = result
+            return placed
+
+        placed = search(division.quota)
+        quota, placed = shares.repair(pooled, division.quota, placed, search)
+        final = results.get(quota.budget.tobytes()) or typed_round.solve(problem, quota)
+        decision = typed_round.decision(problem, final)
+        decision = explained(decision, quota)
+        return replace(decision, memory=shares.remember(ledger, quota, pooled, decision))

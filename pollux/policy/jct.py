@@ -14,20 +14,44 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from scipy.special import exp1
 
 from pollux.policy.exploration import Exploration
-from pollux.policy.problem import Problem
-from pollux.policy.types import JobInfo, PolicyInputError
+from pollux.policy.problem import PolluxParams
+from pollux.policy.types import ClusterState, JobInfo, PolicyInputError
 from pollux.policy.valuation import restart_factor
 
 FloatArray = npt.NDArray[np.float64]
 
 RestartRule = Literal["holding", "age", "remaining", "expected", "ramp"]
+
+
+class Round(Protocol):
+    """What the jct mode reads of a round: the single-type `Problem` or the typed one."""
+
+    @property
+    def state(self) -> ClusterState:
+        """The round's state."""
+        ...
+
+    @property
+    def params(self) -> PolluxParams:
+        """The objective's knobs (the restart delay)."""
+        ...
+
+    @property
+    def num_jobs(self) -> int:
+        """J."""
+        ...
+
+    @property
+    def base(self) -> FloatArray:
+        """Each job's goodput of speedup 1 (M0-equivalent samples per second)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +139,18 @@ class JctInputs:
     penalty: FloatArray
 
 
-def remaining_seconds(problem: Problem) -> FloatArray:
+def remaining_seconds(problem: Round) -> FloatArray:
     """Remaining time of each job at its fair-share goodput (seconds; NaN where unknown).
 
     Declared remaining work (M0-steps) × M0 (samples per M0-step) ÷ goodput at speedup 1
     (M0-equivalent samples per second). Unknown without a declared size or a goodput model.
     """
-    base = problem.speedups.base
+    base = problem.base
     out = np.full(problem.num_jobs, np.nan)
     for j, job in enumerate(problem.state.jobs):
         work, model = job.remaining_work, job.model
+        if model is None and job.models:
+            model = job.models[min(job.models)]  # M0 is the job's, whatever the type
         if work is None or model is None or not math.isfinite(work) or not base[j] > 0:
             continue
         out[j] = max(float(work), 0.0) * model.init_batch_size / float(base[j])
@@ -142,8 +168,12 @@ def ranks(remaining: FloatArray) -> FloatArray:
     out = np.full(m, (m + 1) / 2.0)
     t = remaining[known]
     if t.size:
-        above = (t[None, :] > t[:, None]).sum(axis=1)
-        ties = (t[None, :] == t[:, None]).sum(axis=1) - 1
+        # Counts by binary search in the sorted times: O(m log m), the same integers as
+        # comparing every pair.
+        order = np.sort(t)
+        below_or_equal = np.searchsorted(order, t, side="right")
+        above = t.size - below_or_equal
+        ties = below_or_equal - np.searchsorted(order, t, side="left") - 1
         out[known] = 1.0 + above + 0.5 * ties + 0.5 * unknown
     return out
 
@@ -156,7 +186,7 @@ def hesrpt_weights(rank: FloatArray, known: npt.NDArray[np.bool_], q: float) -> 
     return np.where(known, declared, float(m) ** (c - 1.0))
 
 
-def pauses(problem: Problem) -> FloatArray:
+def pauses(problem: Round) -> FloatArray:
     """Each job's restart pause: its own measurement, else `PolluxParams.restart_delay`."""
     default = problem.params.restart_delay
     return np.array(
@@ -203,7 +233,7 @@ def resize_history(
 
 
 def restart_penalties(
-    problem: Problem,
+    problem: Round,
     remaining: FloatArray,
     pause: FloatArray,
     rule: RestartRule = "holding",
@@ -241,7 +271,7 @@ def restart_penalties(
     return out
 
 
-def inputs(problem: Problem, params: JctParams) -> JctInputs:
+def inputs(problem: Round, params: JctParams) -> JctInputs:
     """The jct mode's remaining times, pauses, ranks, weights and restart factors.
 
     `problem` must have been built with ``params.p`` (`PolluxPolicy` does so); its weights

@@ -170,6 +170,11 @@ class Problem:
         init.every_job = np.arange(self.num_jobs)
         init.weight = None
 
+    @property
+    def base(self) -> FloatArray:
+        """Each job's goodput (without a model: replica count) of speedup 1, read-only."""
+        return self.speedups.base
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Problem is immutable: derive one with weighted(), not .{name} =")
 
@@ -268,13 +273,43 @@ class Problem:
             factor = float(self.penalty[j]) if changed else 1.0
             xs.append(self.scale * speed * factor + self.params.epsilon)
             allocations[job.name] = alloc
-            explain[job.name] = JobExplain(
-                speedup=speed,
-                penalty=factor,
-                reason=self._reason(j, int(replicas[j]), int(spans[j]), changed),
-            )
+            reason = self._reason(j, int(replicas[j]), int(spans[j]), changed)
+            if changed and replicas[j] < self.current_k[j]:
+                reason += self._taken_by(j, placed)
+            explain[job.name] = JobExplain(speedup=speed, penalty=factor, reason=reason)
         objective = power_mean(np.array(xs), self.params.p)
         return AllocationDecision(allocations=allocations, explain=explain, objective=objective)
+
+    def _taken_by(self, j: int, placed: IntArray) -> str:
+        """``; its GPUs went to b (1 → 2 GPUs, speedup 1.0 → 1.8); its speedup 2.0 → 1.0``.
+
+        Who gained from a shrink, and for what: the jobs now holding more of the nodes job `j`
+        gave up, with their speedups and `j`'s before and after (the terms of the objective).
+        """
+        lost = np.nonzero(self.current[j] > placed[j])[0]
+        gained = np.asarray((placed[:, lost] > self.current[:, lost]).any(axis=1), dtype=bool)
+        gained[j] = False
+        gainers = np.nonzero(gained)[0]
+        if gainers.size == 0:
+            return ""
+        involved = np.concatenate(([j], gainers[:2]))
+        new_k = placed[involved].sum(axis=1)
+        after = self.speedups.lookup(involved, np.count_nonzero(placed[involved], axis=1), new_k)
+        before = self.speedups.lookup(
+            involved, self.current_spans[involved], self.current_k[involved]
+        )
+        names = [
+            f"{self.state.jobs[i].name} ({int(self.current_k[i])} → {_count(int(k), 'GPU')}, "
+            f"speedup {b:.2g} → {a:.2g})"
+            for i, k, b, a in zip(
+                involved[1:].tolist(), new_k[1:].tolist(), before[1:], after[1:], strict=True
+            )
+        ]
+        more = f" and {gainers.size - 2} more" if gainers.size > 2 else ""
+        return (
+            f"; its GPUs went to {', '.join(names)}{more}; its speedup "
+            f"{before[0]:.2g} → {after[0]:.2g}"
+        )
 
     def _reason(self, j: int, k_new: int, n_new: int, changed: bool) -> str:
         k_old = int(self.current_k[j])

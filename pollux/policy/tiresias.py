@@ -1,8 +1,7 @@
 """Tiresias, the baseline that runs fixed-size jobs by least attained service (reference §6.2).
 
-Discretised two-dimensional least-attained-service (2D-LAS): jobs keep the GPU count and batch
-size their users chose, and priority falls once a job has used a fixed amount of GPU time.
-The queues outlive a round, so they travel in `TiresiasMemory`. A round, at `state.now`:
+Discretised 2D least-attained-service: jobs keep their chosen GPUs and batch size, priority
+falls past a fixed GPU time; the queues travel in `TiresiasMemory`. A round, at `state.now`:
 
 1. Forget finished jobs; new jobs join the end of queue 0, pending.
 2. Running jobs accrue executed time; a queue-0 job that has used `queue_threshold`
@@ -12,8 +11,7 @@ The queues outlive a round, so they travel in `TiresiasMemory`. A round, at `sta
    users in the round each queue is walked round-robin over them (`pollux.policy.owners`),
    so one user's backlog cannot queue ahead of every other user's jobs.
 4. Running jobs keep their nodes; the others take GPUs from the nodes with the most free.
-
-Every step is deterministic; the random generator is not needed.
+Deterministic: the random generator is not needed.
 """
 
 from __future__ import annotations

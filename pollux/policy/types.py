@@ -55,10 +55,14 @@ class NodeInfo:
     Attributes:
         name: Unique node name.
         gpus: Number of GPUs (replica slots) on the node, ≥ 1.
+        gpu_type: The kind of its GPUs (e.g. "a100"); "" (the default) is one unnamed type.
+            A job runs on nodes of one type only; with several types in a state the Pollux
+            policies choose each job's type (`pollux.policy.typed_problem`).
     """
 
     name: str
     gpus: int
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,13 @@ class JobInfo:
             shrink, a shrink after a grow). Only the "jct" mode reads these two
             (`pollux.policy.jct.reversal_odds`); `resize_history` keeps them.
         last_resize: Direction of the latest resize: +1 grew, −1 shrank, 0 none yet.
+        models: Its goodput model on each GPU type it has one for (measured or bootstrapped,
+            `pollux.goodput.typed`), keyed by `NodeInfo.gpu_type`; read-only. `model` stays
+            the model of its current type, so single-type policies never read this. Empty
+            (the default): `model` serves every type.
+        gpu_types: The GPU types it may run on (a hard constraint); None (the default): any.
+            Non-empty when set.
+
         owner: The user who submitted it. The users of a tenant share it alike, however
             many jobs each queues (`pollux.policy.owners`); jobs of one owner are scheduled
             exactly as jobs of no owner ("").
@@ -130,6 +141,17 @@ class JobInfo:
     resizes: int = 0
     reversals: int = 0
     last_resize: int = 0
+    models: Mapping[str, GoodputModel] = field(default_factory=dict)
+    gpu_types: frozenset[str] | None = None
+
+    def model_on(self, gpu_type: str) -> GoodputModel | None:
+        """Its goodput model on `gpu_type`: that type's, else `model` (None: none fitted)."""
+        return self.models.get(gpu_type, self.model)
+
+    def allows(self, gpu_type: str) -> bool:
+        """Whether it may run on GPUs of `gpu_type`."""
+        return self.gpu_types is None or gpu_type in self.gpu_types
+
     owner: str = ""
 
 
@@ -208,11 +230,18 @@ class JobExplain:
         penalty: Factor applied to the speedup for re-allocating (1.0 when unchanged).
         reason: One line a user can read, e.g. "unchanged", "scaled 2 → 4 GPUs",
             "pending: higher-priority jobs hold every GPU".
+        gpu_type: The GPU type of the new allocation ("" with no GPUs, or on a cluster of
+            one unnamed type).
+        gpu_price: With several GPU types: the round's price of one GPU of `gpu_type` in
+            the policy's utility (what a GPU of that type was worth at the margin); None
+            when not priced.
     """
 
     speedup: float
     penalty: float
     reason: str
+    gpu_type: str = ""
+    gpu_price: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import numbers
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any, Final
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator
 
+from pollux import checks
 from pollux.sim.traces import (
     ApplicationTrace,
     FloatArray,
@@ -149,21 +149,18 @@ def _integer(argument: str, value: object, *, minimum: int | None = None) -> int
     Any integer-valued real is accepted (2, 2.0, np.int64(2)), so that whether a call is valid
     never depends on what the memos already hold: a memo hit compares keys by value.
     """
-    real = float(value) if isinstance(value, numbers.Real) else math.nan
-    if not real.is_integer():  # also refuses NaN, infinities and non-numbers
-        raise InvalidArgumentError(argument, value, "must be an integer")
-    number = int(real)
-    if minimum is not None and number < minimum:
-        raise InvalidArgumentError(argument, value, f"must be ≥ {minimum}")
-    return number
+    try:
+        return checks.whole_number(value, least=minimum, reals=True)
+    except checks.Problem as problem:
+        raise InvalidArgumentError(argument, value, problem.requirement) from None
 
 
 def _positive(argument: str, value: object) -> float:
     """`value` as a finite float > 0."""
-    real = float(value) if isinstance(value, numbers.Real) else math.nan
-    if not (math.isfinite(real) and real > 0):
-        raise InvalidArgumentError(argument, value, "must be a finite real number > 0")
-    return real
+    try:
+        return checks.real_number(value, above=0)
+    except checks.Problem as problem:
+        raise InvalidArgumentError(argument, value, problem.requirement) from None
 
 
 # -- placements -----------------------------------------------------------------------------------

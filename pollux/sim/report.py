@@ -17,7 +17,6 @@ are known; the others are None.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+from pollux import checks
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -569,11 +570,14 @@ def _member(obj: object, key: str) -> object:
     return fields[key]
 
 
+def _shape(what: str) -> checks.ErrorOf:
+    """The `_ShapeError` of a value `what` (a key, quoted) that fails a `pollux.checks` check."""
+    return lambda problem: _ShapeError(f"{what} {problem}")
+
+
 def _as_number(value: object, what: str) -> float:
-    """`value` as a float if it is a JSON number, else `_ShapeError`."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _ShapeError(f"{what} must be a number, not {_kind(value)}")
-    return float(value)
+    """`value` as a float if it is a finite JSON number, else `_ShapeError`."""
+    return checks.real_number(value, error=_shape(what))
 
 
 def _number(obj: object, key: str) -> float:
@@ -583,10 +587,7 @@ def _number(obj: object, key: str) -> float:
 
 def _positive(obj: object, key: str) -> float:
     """Numeric field `key`, > 0."""
-    value = _number(obj, key)
-    if value <= 0:
-        raise _ShapeError(f"{key!r} must be > 0, not {value:g}")
-    return value
+    return checks.real_number(_member(obj, key), above=0, error=_shape(repr(key)))
 
 
 def _optional_integer(obj: object, key: str) -> int | None:
@@ -594,17 +595,12 @@ def _optional_integer(obj: object, key: str) -> int | None:
     value = _member(obj, key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _ShapeError(f"{key!r} must be an integer or null, not {_kind(value)}")
-    return value
+    return checks.whole_number(value, error=_shape(f"{key!r} (or null)"))
 
 
 def _string(obj: object, key: str) -> str:
     """Non-empty string field `key`."""
-    value = _member(obj, key)
-    if not isinstance(value, str) or not value:
-        raise _ShapeError(f"{key!r} must be a non-empty string")
-    return value
+    return checks.text(_member(obj, key), non_empty=True, error=_shape(repr(key)))
 
 
 def _array(obj: object, key: str) -> list[object]:
@@ -619,13 +615,12 @@ def _parse_load(value: object) -> float | None:
     """run.json's load: null, or a positive number or numeric string ("1.0")."""
     if value is None:
         return None
-    try:
-        load = float(value) if isinstance(value, str) else _as_number(value, "'load'")
-    except ValueError:
-        raise _ShapeError(f"'load' must be null or a number, not {value!r}") from None
-    if not math.isfinite(load) or load <= 0:
-        raise _ShapeError(f"'load' must be a finite number > 0, not {load:g}")
-    return load
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _ShapeError(f"'load' must be null or a number, not {value!r}") from None
+    return checks.real_number(value, above=0, error=_shape("'load'"))
 
 
 def _parse_run_info(raw: object) -> RunInfo:
@@ -664,15 +659,15 @@ def _parse_jcts(raw: object) -> dict[str, dict[str, float]]:
 
 def _round_usage(record: object) -> RoundUsage:
     """The GPU use in one log record."""
-    num_gpus = _positive(record, "num_gpus")
-    if not num_gpus.is_integer():
-        raise _ShapeError(f"'num_gpus' must be an integer, not {num_gpus:g}")
+    num_gpus = checks.whole_number(
+        _member(record, "num_gpus"), least=1, reals=True, error=_shape("'num_gpus'")
+    )
     allocated = sum(
         len(_array(job, "allocation"))
         for job in _array(record, "submitted_jobs")
         if _member(job, "completion_time") is None
     )
-    return RoundUsage(_number(record, "timestamp"), int(num_gpus), allocated)
+    return RoundUsage(_number(record, "timestamp"), num_gpus, allocated)
 
 
 def _final_jobs(record: object) -> dict[str, FinalJob]:

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from pollux import checks
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -226,9 +228,13 @@ def _number(path: Path, line: int, column: str, text: str, *, integer: bool = Fa
         value = int(text) if integer else float(text)
     except ValueError:
         raise TraceFormatError(path, f"{column}={text!r} is not a number", line) from None
-    if not np.isfinite(value) or value < 0:
-        raise TraceFormatError(path, f"{column}={text!r} must be a finite number ≥ 0", line)
-    return value
+
+    def error(problem: checks.Problem) -> TraceFormatError:
+        return TraceFormatError(path, f"{column}={text!r} {problem.requirement}", line)
+
+    if integer:
+        return checks.whole_number(value, least=0, error=error)
+    return checks.real_number(value, least=0, error=error)
 
 
 def _read_placements(path: Path) -> ThroughputTrace:

@@ -7,6 +7,7 @@ text read otherwise than its characters. `escape_controls` writes each such char
 visible text (ESC as ``\x1b``); every other character, the backslash included, stays as it is,
 so printable text is unchanged and escaping twice is escaping once. `pollux-cli` prints
 through it unless ``--raw``, and the scheduler stores user and replica reasons in this form.
+`quoted` is how an error message quotes such text: as a Python literal, cut short.
 """
 
 from __future__ import annotations
@@ -55,4 +56,15 @@ def is_control(char: str) -> bool:
     return _IN_LINE.fullmatch(char) is not None
 
 
-__all__ = ["escape_controls", "is_control"]
+def quoted(value: str, limit: int = 64) -> str:
+    """`value` quoted for an error message (control characters escaped), cut to `limit` chars.
+
+    Messages quote what a user sent, which may be long or hostile: the quote stays one line and
+    bounded, and says how long the whole was when it is cut.
+    """
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"… ({len(value)} chars)"
+
+
+__all__ = ["escape_controls", "is_control", "quoted"]

@@ -178,6 +178,7 @@ class AgentLink:
         if batch.grad is not None:
             request.gradient.sqr = float(batch.grad.sqr)
             request.gradient.var = float(batch.grad.var)
+        request.user_metrics.update(dict(batch.user_metrics))
         if batch.work is not None:
             request.work.progress = batch.work.progress
             if batch.work.remaining is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from pollux import checks
 from pollux.train.data import BatchConfig
 from pollux.train.errors import InvalidValueError
 from pollux.train.schedule import next_agreement_in
@@ -45,10 +46,7 @@ class Agreement:
     next_in: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.next_in, bool) or not isinstance(self.next_in, int):
-            raise InvalidValueError("next_in", f"must be an int, got {self.next_in!r}")
-        if self.next_in < 0:
-            raise InvalidValueError("next_in", f"must be ≥ 0, got {self.next_in}")
+        checks.whole_number(self.next_in, least=0, error=InvalidValueError.of("next_in"))
 
     @property
     def leads(self) -> bool:

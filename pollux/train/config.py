@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from pollux import checks
 from pollux.train.data import AdaptiveDataLoader, BatchConfig
 from pollux.train.errors import InvalidValueError
 
@@ -108,8 +109,12 @@ class MeasureConfig:
     report_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
-        _int_at_least("stats_interval", self.stats_interval, 1)
-        _int_at_least("profile_warmup_steps", self.profile_warmup_steps, 0)
+        checks.whole_number(
+            self.stats_interval, least=1, error=InvalidValueError.of("stats_interval")
+        )
+        checks.whole_number(
+            self.profile_warmup_steps, least=0, error=InvalidValueError.of("profile_warmup_steps")
+        )
         if not self.report_interval_s > 0:
             raise InvalidValueError(
                 "report_interval_s", f"must be > 0, got {self.report_interval_s}"
@@ -209,10 +214,3 @@ def with_keywords(config: TrainerConfig, keywords: Mapping[str, Any]) -> Trainer
         for group, fields in changes.items()
     }
     return dataclasses.replace(config, **updated)
-
-
-def _int_at_least(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidValueError(name, f"must be an int, got {value!r}")
-    if value < minimum:
-        raise InvalidValueError(name, f"must be ≥ {minimum}, got {value}")

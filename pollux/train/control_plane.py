@@ -86,6 +86,11 @@ class ControlPlane:
             self.reporter.set_grad_stats(stats)
         self.reporter.set_work(work)
 
+    def publish_user_metrics(self, values: tuple[tuple[str, float], ...]) -> None:
+        """Hand the reporter the values the job logged (sent with its next report)."""
+        if self.reporter is not None:
+            self.reporter.set_user_metrics(values)
+
     def close(self) -> None:
         """Flush and stop the reporter, then close the agent link (its threads and channels)."""
         if self.reporter is not None:

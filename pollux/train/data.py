@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from pollux import checks
 from pollux.train.errors import InvalidValueError, UsageError
 
 
@@ -45,9 +46,9 @@ class BatchConfig:
 
     def __post_init__(self) -> None:
         for name in ("local_bsz", "accum_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidValueError(f"batch_config.{name}", f"must be an int ≥ 1: {value!r}")
+            checks.whole_number(
+                getattr(self, name), least=1, error=InvalidValueError.of(f"batch_config.{name}")
+            )
         if self.lr_scale is not None and not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
             raise InvalidValueError(
                 "batch_config.lr_scale", f"must be finite and > 0 or None: {self.lr_scale!r}"

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pollux import checks
 from pollux.train.errors import EnvVarError
 
 DEFAULT_JOB_ID = "local"
@@ -166,8 +167,9 @@ def _optional_int(
         value = int(raw, 10)
     except ValueError:
         raise EnvVarError(name, raw, "must be a whole decimal number") from None
-    if value < minimum:
-        raise EnvVarError(name, raw, f"must be ≥ {minimum}")
-    if maximum is not None and value > maximum:
-        raise EnvVarError(name, raw, f"must be ≤ {maximum}")
-    return value
+    return checks.whole_number(
+        value,
+        least=minimum,
+        most=maximum,
+        error=lambda problem: EnvVarError(name, raw, problem.requirement),
+    )

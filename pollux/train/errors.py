@@ -7,6 +7,10 @@ arguments are `ValueError`s, misuse of the API is a `RuntimeError`, as Python co
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pollux import checks
+
 
 class TrainError(Exception):
     """Base class of every error raised by `pollux.train`."""
@@ -24,6 +28,11 @@ class InvalidValueError(TrainError, ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
+
+    @classmethod
+    def of(cls, field: str) -> Callable[[checks.Problem], InvalidValueError]:
+        """The error of `field` failing a shared check (`pollux.checks`'s ``error``)."""
+        return lambda problem: cls(field, str(problem))
 
 
 class EnvVarError(InvalidValueError):

@@ -88,6 +88,7 @@ class MetricsBatch:
         grad: Latest smoothed gradient statistics, or None before the first estimate.
         created_at: Unix time the batch was cut.
         work: The job's progress and declared remaining work, or None (not counted).
+        user_metrics: The values the job logged (`ElasticTrainer.log`), latest of each.
     """
 
     job_id: str
@@ -98,6 +99,7 @@ class MetricsBatch:
     grad: GradStats | None
     created_at: float
     work: WorkStatus | None = None
+    user_metrics: tuple[tuple[str, float], ...] = ()
 
 
 @runtime_checkable
@@ -417,6 +419,8 @@ class MetricsReporter:
         self._grad_reported: GradStats | None = None
         self._work: WorkStatus | None = None
         self._work_reported: WorkStatus | None = None
+        self._user_metrics: tuple[tuple[str, float], ...] = ()
+        self._user_metrics_reported: tuple[tuple[str, float], ...] = ()
         self._seq = time.time_ns() // 1_000_000
         self._backoff = interval_s
         self._next_attempt = 0.0
@@ -441,6 +445,10 @@ class MetricsReporter:
     def set_work(self, work: WorkStatus | None) -> None:
         """Publish the job's latest work status (sent with the next batch)."""
         self._work = work
+
+    def set_user_metrics(self, values: tuple[tuple[str, float], ...]) -> None:
+        """Publish the values the job logged, latest of each (sent with the next batch)."""
+        self._user_metrics = values
 
     def start(self) -> None:
         """Start the reporting thread (idempotent)."""
@@ -492,10 +500,16 @@ class MetricsReporter:
 
     def _cut(self) -> None:
         observations = self.profile.take_delta()
-        grad, work = self._grad, self._work
-        if not observations and grad == self._grad_reported and work == self._work_reported:
+        grad, work, logged = self._grad, self._work, self._user_metrics
+        if (
+            not observations
+            and grad == self._grad_reported
+            and work == self._work_reported
+            and logged == self._user_metrics_reported
+        ):
             return
         self._grad_reported, self._work_reported = grad, work
+        self._user_metrics_reported = logged
         with self._lock:
             self._seq += 1
             batch = MetricsBatch(
@@ -507,6 +521,7 @@ class MetricsReporter:
                 grad=grad,
                 created_at=time.time(),
                 work=work,
+                user_metrics=logged,
             )
             if len(self._queue) >= self._max_pending:
                 self._queue.popleft()

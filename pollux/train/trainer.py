@@ -22,6 +22,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset, IterableDataset
 
+from pollux import checks
 from pollux.train.amp import MixedPrecision
 from pollux.train.config import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -55,6 +56,7 @@ from pollux.train.scaling import ScaledOptimizer, ScalingRule
 from pollux.train.state import Stateful, TrainerCheckpoints, TrainingParts
 from pollux.train.steps import OptimizerSteps
 from pollux.train.work import DeclaredSize, LoopPosition, SizeUnit, remaining_work
+from pollux.user_metrics import metric_problems
 
 __all__ = [
     "DEFAULT_CHECKPOINT_INTERVAL_S",
@@ -182,6 +184,7 @@ class ElasticTrainer:
         )
         self.stop_signal = self._stop.signal
         self._size: DeclaredSize | None = None
+        self._user_metrics: tuple[tuple[str, float], ...] = ()
 
         restored_config = self._restore()
         self._plane = ControlPlane(
@@ -371,6 +374,19 @@ class ElasticTrainer:
         self._finish_step(info)
         return True
 
+    def log(self, **values: float) -> None:
+        """Values for people to read (``trainer.log(loss=0.3)``), plotted on the job's page.
+
+        Rank 0's go to the agent with its next report (other ranks' are only checked).
+        Raises InvalidValueError for what `pollux.user_metrics` refuses.
+        """
+        merged = {**dict(self._user_metrics), **{k: float(v) for k, v in values.items()}}
+        if problems := metric_problems(merged, "log"):
+            raise InvalidValueError(*problems[0])
+        self._user_metrics = tuple(sorted(merged.items()))
+        if self.rank == 0:
+            self._plane.publish_user_metrics(self._user_metrics)
+
     def check_preemption(self) -> None:
         """Honour a requested stop now (checkpoint, then `Preempted`); collective if K > 1.
 
@@ -453,10 +469,7 @@ class ElasticTrainer:
 
 
 def _check_arguments(model: nn.Module, optimizer: Optimizer, init_batch_size: int) -> None:
-    if isinstance(init_batch_size, bool) or not isinstance(init_batch_size, int):
-        raise InvalidValueError("init_batch_size", f"must be an int, got {init_batch_size!r}")
-    if init_batch_size < 1:
-        raise InvalidValueError("init_batch_size", f"must be ≥ 1, got {init_batch_size}")
+    checks.whole_number(init_batch_size, least=1, error=InvalidValueError.of("init_batch_size"))
     known = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if not any(id(p) in known for p in model.parameters()):
         raise InvalidValueError(

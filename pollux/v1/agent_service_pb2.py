@@ -25,25 +25,29 @@ _sym_db = _symbol_database.Default()
 from pollux.v1 import types_pb2 as pollux_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpollux/v1/agent_service.proto\x12\tpollux.v1\x1a\x15pollux/v1/types.proto\"\xd8\x01\n\x14ReportMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x30\n\x0cobservations\x18\x05 \x03(\x0b\x32\x1a.pollux.v1.StepObservation\x12*\n\x08gradient\x18\x06 \x01(\x0b\x32\x18.pollux.v1.GradientStats\x12#\n\x04work\x18\x07 \x01(\x0b\x32\x15.pollux.v1.WorkStatus\"N\n\x15ReportMetricsResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x14\n\x0cobservations\x18\x02 \x01(\x04\x12\x0e\n\x06\x61gents\x18\x03 \x03(\t\"P\n\x15GetBatchConfigRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tnum_nodes\x18\x02 \x01(\r\x12\x14\n\x0cnum_replicas\x18\x03 \x01(\r\"P\n\x16GetBatchConfigResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.pollux.v1.BatchConfig\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\"!\n\x0fGetModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x10GetModelResponse\x12\"\n\x05model\x18\x01 \x01(\x0b\x32\x13.pollux.v1.JobModel2\xfe\x01\n\x0c\x41gentService\x12R\n\rReportMetrics\x12\x1f.pollux.v1.ReportMetricsRequest\x1a .pollux.v1.ReportMetricsResponse\x12U\n\x0eGetBatchConfig\x12 .pollux.v1.GetBatchConfigRequest\x1a!.pollux.v1.GetBatchConfigResponse\x12\x43\n\x08GetModel\x12\x1a.pollux.v1.GetModelRequest\x1a\x1b.pollux.v1.GetModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpollux/v1/agent_service.proto\x12\tpollux.v1\x1a\x15pollux/v1/types.proto\"\xd4\x02\n\x14ReportMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x30\n\x0cobservations\x18\x05 \x03(\x0b\x32\x1a.pollux.v1.StepObservation\x12*\n\x08gradient\x18\x06 \x01(\x0b\x32\x18.pollux.v1.GradientStats\x12#\n\x04work\x18\x07 \x01(\x0b\x32\x15.pollux.v1.WorkStatus\x12\x46\n\x0cuser_metrics\x18\x08 \x03(\x0b\x32\x30.pollux.v1.ReportMetricsRequest.UserMetricsEntry\x1a\x32\n\x10UserMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"N\n\x15ReportMetricsResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x14\n\x0cobservations\x18\x02 \x01(\x04\x12\x0e\n\x06\x61gents\x18\x03 \x03(\t\"P\n\x15GetBatchConfigRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tnum_nodes\x18\x02 \x01(\r\x12\x14\n\x0cnum_replicas\x18\x03 \x01(\r\"P\n\x16GetBatchConfigResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.pollux.v1.BatchConfig\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\"!\n\x0fGetModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x10GetModelResponse\x12\"\n\x05model\x18\x01 \x01(\x0b\x32\x13.pollux.v1.JobModel2\xfe\x01\n\x0c\x41gentService\x12R\n\rReportMetrics\x12\x1f.pollux.v1.ReportMetricsRequest\x1a .pollux.v1.ReportMetricsResponse\x12U\n\x0eGetBatchConfig\x12 .pollux.v1.GetBatchConfigRequest\x1a!.pollux.v1.GetBatchConfigResponse\x12\x43\n\x08GetModel\x12\x1a.pollux.v1.GetModelRequest\x1a\x1b.pollux.v1.GetModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pollux.v1.agent_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REPORTMETRICSREQUEST_USERMETRICSENTRY']._loaded_options = None
+  _globals['_REPORTMETRICSREQUEST_USERMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_REPORTMETRICSREQUEST']._serialized_start=68
-  _globals['_REPORTMETRICSREQUEST']._serialized_end=284
-  _globals['_REPORTMETRICSRESPONSE']._serialized_start=286
-  _globals['_REPORTMETRICSRESPONSE']._serialized_end=364
-  _globals['_GETBATCHCONFIGREQUEST']._serialized_start=366
-  _globals['_GETBATCHCONFIGREQUEST']._serialized_end=446
-  _globals['_GETBATCHCONFIGRESPONSE']._serialized_start=448
-  _globals['_GETBATCHCONFIGRESPONSE']._serialized_end=528
-  _globals['_GETMODELREQUEST']._serialized_start=530
-  _globals['_GETMODELREQUEST']._serialized_end=563
-  _globals['_GETMODELRESPONSE']._serialized_start=565
-  _globals['_GETMODELRESPONSE']._serialized_end=619
-  _globals['_AGENTSERVICE']._serialized_start=622
-  _globals['_AGENTSERVICE']._serialized_end=876
+  _globals['_REPORTMETRICSREQUEST']._serialized_end=408
+  _globals['_REPORTMETRICSREQUEST_USERMETRICSENTRY']._serialized_start=358
+  _globals['_REPORTMETRICSREQUEST_USERMETRICSENTRY']._serialized_end=408
+  _globals['_REPORTMETRICSRESPONSE']._serialized_start=410
+  _globals['_REPORTMETRICSRESPONSE']._serialized_end=488
+  _globals['_GETBATCHCONFIGREQUEST']._serialized_start=490
+  _globals['_GETBATCHCONFIGREQUEST']._serialized_end=570
+  _globals['_GETBATCHCONFIGRESPONSE']._serialized_start=572
+  _globals['_GETBATCHCONFIGRESPONSE']._serialized_end=652
+  _globals['_GETMODELREQUEST']._serialized_start=654
+  _globals['_GETMODELREQUEST']._serialized_end=687
+  _globals['_GETMODELRESPONSE']._serialized_start=689
+  _globals['_GETMODELRESPONSE']._serialized_end=743
+  _globals['_AGENTSERVICE']._serialized_start=746
+  _globals['_AGENTSERVICE']._serialized_end=1000
 # @@protoc_insertion_point(module_scope)

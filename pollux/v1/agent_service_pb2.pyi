@@ -8,7 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("job_id", "generation", "rank", "seq", "observations", "gradient", "work")
+    __slots__ = ("job_id", "generation", "rank", "seq", "observations", "gradient", "work", "user_metrics")
+    class UserMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +23,7 @@ class ReportMetricsRequest(_message.Message):
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
+    USER_METRICS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     generation: int
     rank: int
@@ -23,7 +31,8 @@ class ReportMetricsRequest(_message.Message):
     observations: _containers.RepeatedCompositeFieldContainer[_types_pb2.StepObservation]
     gradient: _types_pb2.GradientStats
     work: _types_pb2.WorkStatus
-    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., seq: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[_types_pb2.StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[_types_pb2.GradientStats, _Mapping]] = ..., work: _Optional[_Union[_types_pb2.WorkStatus, _Mapping]] = ...) -> None: ...
+    user_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., seq: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[_types_pb2.StepObservation, _Mapping]]] = ..., gradient: _Optional[_Union[_types_pb2.GradientStats, _Mapping]] = ..., work: _Optional[_Union[_types_pb2.WorkStatus, _Mapping]] = ..., user_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
     __slots__ = ("applied", "observations", "agents")

@@ -231,7 +231,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[_Union[_types_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("nodes", "agents", "leader_id", "leader_address", "total_gpus", "allocated_gpus", "jobs_by_state", "last_round", "answered_by", "warnings")
+    __slots__ = ("nodes", "agents", "leader_id", "leader_address", "total_gpus", "allocated_gpus", "jobs_by_state", "last_round", "answered_by", "warnings", "dashboard_url")
     class JobsByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +249,7 @@ class ClusterStatusResponse(_message.Message):
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     agents: _containers.RepeatedCompositeFieldContainer[_types_pb2.Member]
     leader_id: str
@@ -259,4 +260,5 @@ class ClusterStatusResponse(_message.Message):
     last_round: int
     answered_by: str
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_types_pb2.Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., last_round: _Optional[int] = ..., answered_by: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    dashboard_url: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_types_pb2.Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., last_round: _Optional[int] = ..., answered_by: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., dashboard_url: _Optional[str] = ...) -> None: ...

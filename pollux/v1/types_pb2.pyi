@@ -493,7 +493,14 @@ class UsageRecord(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., user: _Optional[str] = ..., day: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., goodput_seconds: _Optional[float] = ...) -> None: ...
 
 class TimelinePoint(_message.Message):
-    __slots__ = ("time", "generation", "gpus", "nodes", "batch_size", "throughput", "efficiency", "goodput", "predicted_goodput", "progress", "remaining")
+    __slots__ = ("time", "generation", "gpus", "nodes", "batch_size", "throughput", "efficiency", "goodput", "predicted_goodput", "progress", "remaining", "user_metrics")
+    class UserMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TIME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +512,7 @@ class TimelinePoint(_message.Message):
     PREDICTED_GOODPUT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
+    USER_METRICS_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     generation: int
     gpus: int
@@ -516,7 +524,8 @@ class TimelinePoint(_message.Message):
     predicted_goodput: float
     progress: float
     remaining: float
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., throughput: _Optional[float] = ..., efficiency: _Optional[float] = ..., goodput: _Optional[float] = ..., predicted_goodput: _Optional[float] = ..., progress: _Optional[float] = ..., remaining: _Optional[float] = ...) -> None: ...
+    user_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., throughput: _Optional[float] = ..., efficiency: _Optional[float] = ..., goodput: _Optional[float] = ..., predicted_goodput: _Optional[float] = ..., progress: _Optional[float] = ..., remaining: _Optional[float] = ..., user_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class JobTimeline(_message.Message):
     __slots__ = ("job_id", "points")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -189,11 +190,18 @@ def test_the_dashboard_shows_the_cluster_and_a_rescaled_jobs_timeline(
     assert 'id="login" class="card login" hidden' in dom, "the token from the link was taken"
     assert "History" in dom
     assert "Explain" in dom
+    # The value the job logged has a chart of its own; its log's last lines are on the page.
+    assert ">loss</h3>" in dom, "the logged loss is plotted"
+    assert 'id="log"' in dom
+    assert re.search(r"rank 0/\d+ gen \d+: step \d+", dom), "the job's log is shown"
+    logs = api(cluster, f"jobs/{job.id}/logs?tail=5")
+    assert 1 <= len(logs["lines"]) <= 5
+    assert logs["generation"] >= restart["generation"]
 
     # The cluster and the job list (the token is in this profile's tab now: a new profile
     # needs the link again).
     dom = chromium(tmp_path / "profile-cluster", cluster.dashboard_link() or "", "--dump-dom")
-    for expected in ("node-0", "node-1", job.id, "GPU utilisation", "GPUs per job"):
+    for expected in ("node-0", "node-1", job.id, "GPUs allocated", "GPUs per job"):
         assert expected in dom, expected
     assert dom.count("<canvas") >= 2
     jobs = chromium(tmp_path / "profile-jobs", cluster.dashboard_link("/jobs") or "", "--dump-dom")

@@ -1,24 +1,16 @@
 """Every RPC of every service, fuzzed: the servers answer, keep serving and store nothing bad.
 
-Requests come from hypothesis strategies built from the request messages' descriptors (strings
-with NUL, unicode and megabytes of text; integers at their extremes; unknown enum values;
-repeated, map and nested fields), from a valid request of each method with one field (at any
-depth) replaced (which gets past the first checks to the store writes), from random bytes,
-and from encodings with bytes flipped. Each is sent as raw bytes through a generic
-``unary_unary`` / ``unary_stream`` callable, so the server's decoding is fuzzed too. The
-properties:
-
-- every call ends with a status a caller can act on (OK or a client-error code): never
-  INTERNAL or UNKNOWN, never a hang (each call has a deadline);
-- the server keeps serving (its health check says SERVING after every call);
-- nothing invalid is stored: every job record's spec passes `validate_submit`, every token and
-  tenant record has a name its RPC would accept.
-
-The services run in-process on loopback against the session's real etcd, on an event loop of
-their own in a background thread (hypothesis drives synchronous tests). Plaintext servers
-treat every caller as the local admin, so every handler is reached; the TLS scheduler is
-fuzzed with a valid admin token and with random authorization headers. Authentication itself
-is the security check's subject (tests/e2e/test_security.py).
+Requests come from hypothesis strategies built from the request messages' descriptors (NUL,
+unicode and megabytes of text; extreme integers; unknown enum values; repeated, map and nested
+fields), from a valid request of each method with one field at any depth replaced (which gets
+past the first checks to the store writes), from random bytes and from flipped encodings, all
+sent as raw bytes, so decoding is fuzzed too. Properties: every call ends with OK or a
+client-error code (never INTERNAL, UNKNOWN or a hang); the server's health check says SERVING
+after every call; every stored job spec passes `validate_submit` and every token and tenant
+record has a name its RPC would accept. The services run in-process on loopback against the
+session's etcd, on a loop of their own in a thread (hypothesis drives synchronous tests);
+plaintext servers treat every caller as the local admin, so every handler is reached, and the
+TLS scheduler is fuzzed with an admin token and random authorization headers.
 """
 
 from __future__ import annotations

@@ -340,7 +340,7 @@ async def test_a_launcher_drives_podman_through_its_socket_as_it_would_from_a_co
     # A remote client forwards no signal: the stop goes to the container by name, and the
     # replica still checkpoints on SIGTERM and reports 143; the runtime says it is rootful.
     app = await make_app(socket=podman_socket)
-    assert app.launcher.runtime_client[1:] == ("--remote", "--url", f"unix://{podman_socket}")
+    assert app.launcher.runtime.client[1:] == ("--remote", "--url", f"unix://{podman_socket}")
     await submit(store, "j-remote", container("j-remote", GRACEFUL))
 
     def ready() -> bool:

@@ -114,7 +114,7 @@ async def test_a_full_log_disk_costs_log_lines_never_an_exit_or_a_slot(
     failures_before = LOG_WRITE_FAILURES.labels("ENOSPC")._value.get()
     with disk_full.small_tmpfs(logs, 1 << 20):
         disk_full.fill(logs)
-        assert "log_root" in app.launcher.check_space()
+        assert "log_root" in app.launcher.workspaces.check_space()
         # Both slots, twice over: every exit is reported and the slots come back.
         for job_id in ("j-loud-1", "j-loud-2"):
             await submit(store, job_id, LOUD, "n1", "n1")
@@ -128,7 +128,7 @@ async def test_a_full_log_disk_costs_log_lines_never_an_exit_or_a_slot(
         assert LOG_WRITE_FAILURES.labels("ENOSPC")._value.get() > failures_before
         # Space freed: logs are written again, and the root is no longer full.
         disk_full.free(logs)
-        assert app.launcher.check_space() == set()
+        assert app.launcher.workspaces.check_space() == set()
         await submit(store, "j-after", "print('written again')")
         await exits(store, "j-after")
         written = (logs / "j-after" / "1-0.log").read_text()
@@ -226,7 +226,7 @@ async def test_finished_jobs_files_go_after_the_retention_and_their_uid_is_relea
         claim = await store.get(store.keys.job_user("j-old"), pb.JobUser)
         assert claim is not None
         old_uid = claim.value.uid
-        await app.launcher.sweep()
+        await app.launcher.workspaces.sweep()
         for root_dir in ("checkpoints", "logs", "scratch"):
             assert not (shared / root_dir / "j-old").exists()
             assert (shared / root_dir / "j-recent").is_dir()
@@ -238,7 +238,7 @@ async def test_finished_jobs_files_go_after_the_retention_and_their_uid_is_relea
         # from its directories' last change and its claim's time.
         await store.txn([Delete(store.keys.job("j-recent"))])
         await store.txn([Delete(store.keys.allocation("j-recent"))])
-        await app.launcher.sweep()
+        await app.launcher.workspaces.sweep()
         assert (shared / "checkpoints" / "j-recent").is_dir()
         long_ago = time.time() - 7200
         for root_dir in ("checkpoints", "logs", "scratch"):
@@ -250,7 +250,7 @@ async def test_finished_jobs_files_go_after_the_retention_and_their_uid_is_relea
         claim.value.claim_time.FromNanoseconds(int(long_ago * 1e9))
         for key in (store.keys.job_user("j-recent"), store.keys.job_uid(claim.value.uid)):
             await store.put(key, claim.value)
-        await app.launcher.sweep()
+        await app.launcher.workspaces.sweep()
         assert not (shared / "checkpoints" / "j-recent").exists()
         assert not (shared / "logs" / "j-recent").exists()
         assert await store.get(store.keys.job_user("j-recent"), pb.JobUser) is None

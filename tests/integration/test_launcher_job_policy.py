@@ -22,6 +22,7 @@ from pollux.launcher.config import LauncherConfig
 from pollux.launcher.gpus import detect
 from pollux.launcher.job_policy import DEFAULT_JOB_UIDS, JobPolicy, RunAs
 from pollux.launcher.main import LauncherApp
+from pollux.launcher.workspaces import Workspaces
 from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.store import Store
 from pollux.v1 import types_pb2 as pb
@@ -129,10 +130,10 @@ async def test_each_job_runs_under_its_own_uid_and_owns_its_private_directories(
         assert umask == "0077"
         uids[job_id] = uid
     assert uids["j-a"] != uids["j-b"]
-    # The uid is the job's for good: asked again (its next generation, another node), the
-    # launcher reads the same claim from etcd.
-    app.launcher._job_users.clear()
-    assert await app.launcher._job_user("j-a") == RunAs(uids["j-a"], uids["j-a"])
+    # The uid is the job's for good: asked again (its next generation, another node or
+    # launcher process, with nothing remembered), the same claim is read from etcd.
+    fresh = Workspaces(app.launcher.config, store, uid=os.geteuid(), live=lambda _: True)
+    assert await fresh.job_user("j-a") == RunAs(uids["j-a"], uids["j-a"])
 
 
 async def test_a_job_reads_nothing_of_another_job_nor_the_launchers_keys(
@@ -209,8 +210,8 @@ async def test_one_configured_user_for_every_job_still_works_when_the_operator_i
     app = LauncherApp(config_for(etcd, root, shared, policy), detect(2), store)
     await app.start()
     try:
-        assert app.launcher.run_as is not None
-        assert not app.launcher.per_job_uids
+        assert app.launcher.workspaces.run_as is not None
+        assert not app.launcher.workspaces.per_job_uids
         spec = pb.JobSpec(
             name="who", command=["/bin/sh", "-c", REPORT], working_dir=str(shared / "work")
         )
@@ -219,7 +220,7 @@ async def test_one_configured_user_for_every_job_still_works_when_the_operator_i
         assert replica is not None
         assert status.exit_code == 0, replica.log.tail(0)[0]
         checkpoints = shared / "checkpoints" / "j-who"
-        gid = app.launcher.run_as.gid
+        gid = app.launcher.workspaces.run_as.gid
         assert (checkpoints / "who").read_text().split() == [str(NOBODY), str(gid)]
         assert checkpoints.stat().st_uid == NOBODY
         assert (checkpoints / ".pollux-generation").read_text() == "1\n"

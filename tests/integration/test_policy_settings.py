@@ -60,7 +60,12 @@ async def test_a_scheduler_with_the_setting_runs_rounds_that_place_a_job(
             return len(got.allocation.nodes) >= 1
 
         await eventually(placed, timeout=10.0)
-        decisions = await store.latest_decisions(100)
+
+        async def recorded() -> list[Any]:
+            # The round's decision record is written after the job it placed: wait for it.
+            return list(await store.latest_decisions(100))
+
+        decisions = await eventually(recorded, timeout=10.0)
         assert decisions
         assert {d.policy for d in decisions} == {policy.name}
         assert policy.name == cfg.scheduling.policy

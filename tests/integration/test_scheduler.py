@@ -15,6 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
+from pollux.client.errors import JobSpecError
+from pollux.client.types import JobSpec
+from pollux.jobspec import file_path_of
 from pollux.policy.goodput_policy import JCT_OBJECTIVE, PolluxPolicy
 from pollux.policy.registry import DEFAULT_POLICY
 from pollux.policy.tenant_shares import Ledger
@@ -23,8 +26,8 @@ from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.leader import Election, current_leader
 from pollux.scheduler.main import LEADER_HEALTH, SchedulerApp
 from pollux.scheduler.scheduler import Scheduler
-from pollux.service import store as store_module
 from pollux.service.config import EtcdConfig, ServerConfig
+from pollux.service.etcd import kv as etcd_kv
 from pollux.service.keys import Kind
 from pollux.service.session import LeaseSession
 from pollux.service.store import Expect, Fence, FenceLost, Put, Store, cancel_and_wait
@@ -88,6 +91,23 @@ async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Re
         await r.stop()
 
 
+async def placing_decision(store: Store, job_id: str) -> pb.Decision:
+    """The record of the round that gave the job GPUs, once written.
+
+    A round writes its decision after its jobs' records, so a job can be seen placed a moment
+    before the decision that placed it is there.
+    """
+
+    async def written() -> pb.Decision | None:
+        for decision in sorted(await store.latest_decisions(100), key=lambda d: d.round):
+            if any(d.job_id == job_id and d.nodes for d in decision.jobs):
+                return decision
+        return None
+
+    found: pb.Decision = await eventually(written, what=f"the decision that placed {job_id}")
+    return found
+
+
 async def add_node(store: Store, name: str, gpus: int) -> int:
     lease = await store.grant_lease(30)
     await store.register_node(pb.Node(name=name, gpus=gpus, address="127.0.0.1:1"), lease=lease)
@@ -130,6 +150,41 @@ async def test_bad_spec_is_rejected_with_every_field_and_nothing_stored(
     } <= fields
     jobs, _ = await store.list_jobs()
     assert jobs == []
+
+
+async def test_the_server_refuses_a_raw_spec_in_the_words_the_client_uses(
+    replica: Replica, store: Store
+) -> None:
+    file = {
+        "name": "train",
+        "command": ["python", "t.py"],
+        "initial_batch_size": 64,
+        "max_batch_size": 32,
+        "env": {"POLLUX_X": "1"},
+        "shm_size_mb": 64,
+    }
+    with pytest.raises(JobSpecError) as client:
+        JobSpec.from_mapping(file)
+    raw = pb.JobSpec(
+        name="train",
+        command=["python", "t.py"],
+        batch=pb.BatchLimits(initial_batch_size=64, max_batch_size=32),
+        env={"POLLUX_X": "1"},
+        shm_size_mb=64,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replica.stub.SubmitJob(spb.SubmitJobRequest(spec=raw, request_id="r-3"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    detail = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(detail)
+    fields = [v.field for v in detail.field_violations]
+    assert fields == ["spec.env[POLLUX_X]", "spec.batch.max_batch_size", "spec.shm_size_mb"]
+    assert [(file_path_of(v.field), v.description) for v in detail.field_violations] == [
+        tuple(v) for v in client.value.violations
+    ]
+    assert (await store.list_jobs())[0] == []
 
 
 async def test_an_oversized_spec_is_refused_and_nothing_stored(
@@ -381,6 +436,7 @@ async def test_an_event_round_places_a_new_job_at_once(
                 return len(got.allocation.nodes) >= 1
 
             await eventually(placed, timeout=10.0)
+            await placing_decision(store, job_id)
             if name == "first":
                 first = (await r.stub.GetJob(spb.GetJobRequest(job_id=ids[0]))).job
         decisions = sorted(await store.latest_decisions(100), key=lambda d: d.round)
@@ -417,8 +473,8 @@ async def test_a_new_job_starts_on_its_modes_first_step(
         got = (await r.stub.GetJob(spb.GetJobRequest(job_id=job_id))).job
         assert list(got.allocation.nodes) == ["n1"] * gpus
         assert got.restarts == 0
-        decisions = sorted(await store.latest_decisions(100), key=lambda d: d.round)
-        assert decisions[-1].placement, "placed by the submission's placement round"
+        placing = await placing_decision(store, job_id)
+        assert placing.placement, "placed by the submission's placement round"
     finally:
         await r.stop()
 
@@ -442,6 +498,7 @@ async def test_with_tenants_an_event_round_is_a_full_one_and_restarts_the_period
             return len(got.allocation.nodes) >= 1
 
         await eventually(placed)
+        await placing_decision(store, job_id)
         decisions = await store.latest_decisions(100)
         assert len(decisions) >= 2
         assert not any(d.placement for d in decisions)
@@ -590,7 +647,7 @@ async def test_a_write_over_the_store_bound_keeps_the_leader_and_is_resource_exh
     await eventually(lambda: replica.scheduler.leadership.leading, what="leadership")
     fence = replica.scheduler.leadership.fence
     # As if a bound elsewhere were broken: the stored record is now over the store's bound.
-    monkeypatch.setattr(store_module, "MAX_VALUE_BYTES", 10_000)
+    monkeypatch.setattr(etcd_kv, "MAX_VALUE_BYTES", 10_000)
     before = too_large_rounds()
     await add_node(store, "n1", 1)  # the next round would allocate it: a write of the record
     await eventually(lambda: too_large_rounds() > before, what="a refused round")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pollux.scheduler.lifecycle import MAX_RECENT_HISTORY, S, transition
+from pollux.scheduler.lifecycle import MAX_RECENT_HISTORY, transition
 from pollux.service.keys import Kind
 from pollux.service.store import (
     MAX_TXN_BYTES,
@@ -185,10 +185,10 @@ async def test_an_oversized_profile_is_refused_and_nothing_is_written(store: Sto
 
 async def test_a_job_transitioned_many_times_keeps_a_bounded_history(store: Store) -> None:
     submitted = job("j-1")
-    submitted.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+    submitted.history.add(state=pb.JOB_STATE_PENDING, reason="submitted")
     await store.create_job(submitted)
-    targets = [S.JOB_STATE_ALLOCATED, S.JOB_STATE_RUNNING]
-    targets += [S.JOB_STATE_RESCALING, S.JOB_STATE_RUNNING] * 150
+    targets = [pb.JOB_STATE_ALLOCATED, pb.JOB_STATE_RUNNING]
+    targets += [pb.JOB_STATE_RESCALING, pb.JOB_STATE_RUNNING] * 150
     for i, target in enumerate(targets):
         entry = await store.get_job("j-1")
         assert entry is not None

@@ -1,39 +1,14 @@
 """The agent's batch choice responds to the gradient noise scale, and only in one direction.
 
 This is where the claim "the agent grows the batch as the noise scale grows" is checked: on the
-pure `choose`, deterministically, rather than on one noisy training run.
-
-Why it holds. Write r = var/sqr for the noise scale (`GradParams.noise_scale`; the noise scale
-in samples is φ = M0·r) and S = max(M, M0)/M0 for a configuration's total batch M relative to
-M0. A configuration c with throughput T_c (samples/s, independent of the noise) has goodput
-G_c(r) = T_c·(r + 1)/(r + S_c). For two configurations with S_j > S_c,
-G_j/G_c = (T_j/T_c)·(r + S_c)/(r + S_j) rises strictly with r, so a larger batch that loses
-at some noise scale can only catch up as r grows, never the reverse; two configurations with
-the same total batch keep their ratio. `best_batch` maximises over a candidate grid that
-depends on the limits and the allocation but not on the noise (50 total batches spaced
-geometrically from max(M0, K·min local) to the maximum batch, each split into micro-batches
-that fit the per-GPU maximum), and breaks ties by the first candidate. Hence, at a fixed
-allocation with hysteresis off and no previous configuration:
-
-1. A higher noise scale never gives a smaller total batch.
-2. "Strictly larger" is a threshold, not every rise: the grid is discrete, so the choice steps.
-   For the choice c at the lower noise scale, a rival j on the grid with a larger total batch
-   overtakes c exactly when r exceeds r_j = (S_j − ρ_j·S_c)/(ρ_j − 1), where ρ_j = T_j/T_c,
-   and only rivals that are faster (ρ_j > 1) and larger (S_j > S_c) ever do. With R the
-   smallest such r_j, the batch at a higher noise scale r' is strictly larger if and only if
-   r' > R. "A limit binds" means precisely that no such rival exists (R = ∞): either the
-   choice already has the largest valid total batch of the grid (the maximum batch, or the
-   per-GPU range at this K, caps it), or every larger valid batch is no faster in samples/s
-   (past the per-GPU maximum, i.e. GPU memory, a larger batch needs more accumulation steps,
-   and on one replica any batch above M0 takes two micro-batches); then no rise of the noise
-   scale moves the batch. The rivals are read from the grid `best_batch` itself searches
-   (`pollux.goodput.batch._splits`), so the claim is exact, not approximate.
-
-With hysteresis on, each answer is either the previous one or the current best, so along a
-rising noise scale the remembered batch of one shape still never shrinks.
-
-Noise scales within a relative 1e-9 of an exact tie of predicted goodputs are skipped: there
-floating-point rounding, not the model, decides the argmax.
+pure `choose`, deterministically, rather than on one noisy training run. At a fixed allocation
+with hysteresis off, a higher noise scale never gives a smaller total batch, and gives a
+strictly larger one exactly when it passes R, the smallest noise scale at which a faster,
+larger rival on `best_batch`'s own candidate grid overtakes the choice (R = ∞ where a limit
+binds: the maximum batch, or the per-GPU maximum). With hysteresis on, the remembered batch of
+one shape never shrinks along a rising noise scale. Noise scales within a relative 1e-9 of an
+exact tie are skipped (rounding decides there). Why it holds: docs/results.md, "Elastic
+training, end to end".
 """
 
 from __future__ import annotations

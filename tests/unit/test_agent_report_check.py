@@ -24,7 +24,9 @@ from pollux.agent.report_check import (
     check_report,
     claimed_seconds,
 )
+from pollux.agent.timeline import point_of
 from pollux.goodput import PerfParams, step_times
+from pollux.user_metrics import metric_problems
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 from tests.unit.test_agent_profile import _with_work, obs
@@ -408,3 +410,47 @@ def test_a_report_with_too_many_observations_is_refused_naming_the_limit():
     assert list(problems) == ["observations"]
     assert str(MAX_REPORT_OBSERVATIONS) in problems["observations"]
     assert check(report(*(obs(local=i + 1) for i in range(MAX_REPORT_OBSERVATIONS)))) == []
+
+
+# -- the values a job logs (pollux.user_metrics), checked by the trainer and the agent alike --
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Za-z][A-Za-z0-9_./-]{0,31}", fullmatch=True),
+        st.floats(min_value=-1e30, max_value=1e30),
+        max_size=16,
+    )
+)
+def test_logged_values_the_trainer_takes_the_agent_takes(values):
+    request = report(obs())
+    request.user_metrics.update(values)
+    assert check(request) == []
+    limits = pb.BatchLimits(initial_batch_size=32, max_batch_size=256, max_local_batch_size=64)
+    point = point_of(request, pb.ObservationProfile(), None, limits, 1.0)
+    assert point is not None
+    assert dict(point.user_metrics) == pytest.approx(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"loss": math.inf}, "not a finite number"),
+        ({"loss": math.nan}, "not a finite number"),
+        ({"loss": 1e31}, "within"),
+        ({"9lives": 1.0}, "a name is a letter"),
+        ({"x" * 33: 1.0}, "a name is a letter"),
+        ({"lo\x1bss": 1.0}, "a name is a letter"),
+        ({f"m{i}": 1.0 for i in range(17)}, "at most 16"),
+    ],
+    ids=["infinite", "nan", "huge", "starts with a digit", "too long", "control char", "too many"],
+)
+def test_bad_logged_values_are_refused_by_the_agent_and_the_trainer(values, problem):
+    request = report(obs())
+    request.user_metrics.update(values)
+    problems = check(request)
+    assert problems, values
+    assert problem in problems[0][1]
+    assert problems[0][0].startswith("user_metrics")
+    # The trainer's check is the same function, naming its own argument.
+    assert [m for _, m in metric_problems(values, "log")] == [m for _, m in problems]

@@ -1,19 +1,15 @@
 """The fault suite (benchmarks/chaos.py): its overlap detector on hand-written tick files, its
-faults and its schedule."""
+progress reader and counts, its faults and its schedule."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
-from benchmarks.chaos import (
-    ALL_FAULTS,
-    DISK_FAULTS,
-    DISK_SIZES,
-    FAULTS,
-    MUST_BE_ZERO,
-    overlapping_generations,
-    schedule,
-)
+from benchmarks.chaos import ALL_FAULTS, DISK_FAULTS, FAULTS, MUST_BE_ZERO, schedule
+from benchmarks.chaos_suite.checks import last_ns
+from benchmarks.chaos_suite.inject import DISK_SIZES
+from benchmarks.chaos_suite.tally import Tally, overlapping_generations
 
 
 def ticks(*rows: tuple[int, int]) -> bytes:
@@ -33,6 +29,21 @@ def test_an_old_generation_ticking_after_the_new_one_started_is_an_overlap() -> 
 
 def test_a_line_cut_short_by_a_kill_is_ignored() -> None:
     assert overlapping_generations(ticks((1, 0), (2, 500)) + b"1 0 7 99") == []
+
+
+def test_progress_is_the_newest_whole_line_of_a_jobs_file(tmp_path: Path) -> None:
+    assert last_ns(tmp_path, "ticks") == 0  # no file yet
+    (tmp_path / "ticks").write_bytes(ticks((1, 5), (1, 9)) + b"1 0 2 77")  # the last cut short
+    assert last_ns(tmp_path, "ticks") == 9_000_000
+    (tmp_path / "reports").write_bytes(b"100 3\n250 4\n")
+    assert last_ns(tmp_path, "reports") == 250
+
+
+def test_only_the_counts_that_must_be_zero_are_problems() -> None:
+    tally = Tally(cycles=5, disk_failed=2)
+    assert tally.problems() == 0  # jobs a full checkpoint disk failed, saying so, are expected
+    tally.leaked, tally.unhealed = 1, 1
+    assert tally.problems() == 2
 
 
 def test_the_disk_faults_are_part_of_the_suite_and_must_heal() -> None:

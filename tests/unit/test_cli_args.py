@@ -7,7 +7,9 @@ integration tests drive the same CLI against real gRPC servers.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,7 @@ def test_the_file_alone(tmp_path):
         scaling_rule="linear",
         env={"A": "file", "B": "file"},
         labels={"team": "vision"},
+        working_dir=os.getcwd(),  # no working_dir anywhere: where pollux-cli ran
     )
 
 
@@ -258,7 +261,7 @@ def test_env_and_labels_merge_key_by_key(tmp_path):
 
 def test_container_flags(tmp_path):
     (tmp_path / "c.yaml").write_text(
-        "name: c\ncommand: [python, t.py]\ninitial_batch_size: 8\nmounts: [/srv:/srv:ro]\n"
+        "name: cuda-job\ncommand: [python, t.py]\ninitial_batch_size: 8\nmounts: [/srv:/srv:ro]\n"
     )
     args = parse(
         "submit",
@@ -288,21 +291,25 @@ def test_the_command_after_double_dash_replaces_the_file_command(tmp_path):
 
 
 def test_submit_without_a_file():
-    args = parse("submit", "--name", "a", "--batch-size", "16", "--", "python", "t.py")
-    assert cli.spec_from_args(args) == JobSpec("a", ("python", "t.py"), 16)
+    args = parse("submit", "--name", "job", "--batch-size", "16", "--", "python", "t.py")
+    want = JobSpec("job", ("python", "t.py"), 16, working_dir=os.getcwd())
+    assert cli.spec_from_args(args) == want
 
 
 def test_submit_calls_the_client_and_prints_the_id(fake, capsys):
-    code = run(fake, "submit", "--name", "a", "--batch-size", "16", "--request-id", "k1", "--", "t")
+    code = run(
+        fake, "submit", "--name", "job", "--batch-size", "16", "--request-id", "k1", "--", "t"
+    )
     assert code == 0
     name, (spec,), kwargs = fake.calls[0]
-    assert (name, spec, kwargs) == ("submit", JobSpec("a", ("t",), 16), {"request_id": "k1"})
-    assert capsys.readouterr().out == "j-1\ta\tPENDING\n"
+    want = JobSpec("job", ("t",), 16, working_dir=os.getcwd())
+    assert (name, spec, kwargs) == ("submit", want, {"request_id": "k1"})
+    assert capsys.readouterr().out == "j-1\tjob\tPENDING\n"
     assert fake.closed
 
 
 def test_submit_with_an_incomplete_spec_names_each_missing_key(fake, capsys):
-    assert run(fake, "submit", "--name", "a") == 1
+    assert run(fake, "submit", "--name", "job") == 1
     assert fake.calls == []
     assert capsys.readouterr().err.splitlines() == [
         "error: invalid job spec (command, initial_batch_size)",
@@ -499,3 +506,11 @@ def test_ctrl_c_exits_130_quietly(fake, capsys):
     fake.error = KeyboardInterrupt()
     assert run(fake, "ls") == 130
     assert capsys.readouterr().err == ""
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    def never_connect(args: object) -> Any:
+        raise AssertionError("--version needs no scheduler")
+
+    assert cli.main(["--version"], connect=never_connect) == 0
+    assert capsys.readouterr().out == f"pollux-cli {metadata.version('pollux-client')}\n"

@@ -10,6 +10,7 @@ builtins (`_describe`, `_files`) replaced by stand-ins that print what they were
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,7 +60,11 @@ def bash_complete(script: Path, *words: str, cwd: Path | None = None) -> set[str
     return {line for line in done.stdout.splitlines() if line}
 
 
-TOP = set(cli.build_parser({})._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+TOP = {  # the commands a person may type (hidden ones, like __jobs, are not offered)
+    name
+    for name in cli.build_parser({})._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if not name.startswith("__")
+}
 
 
 @pytest.mark.skipif(BASH is None, reason="bash is not installed")
@@ -74,7 +79,7 @@ TOP = set(cli.build_parser({})._subparsers._group_actions[0].choices)  # type: i
         (("ls", "--st"), {"--state"}),
         (("ls", "--state", ""), set(JOB_STATES)),
         (("ls", "--state", "RU"), {"RUNNING"}),
-        (("--server", "h:1", "d"), {"describe", "delete"}),
+        (("--server", "h:1", "d"), {"describe", "delete", "dashboard"}),
         (("submit", "--scaling-rule", ""), set(SCALING_RULES)),
         (("submit", "--ini"), {"--initial-batch-size"}),
         (("submit", "--batch-size", "32", "--na"), {"--name"}),
@@ -238,3 +243,32 @@ def test_zsh_offers_flags_but_not_hidden_ones(zsh_script: Path) -> None:
     names = {line.split(":", 1)[0] for line in zsh_complete(zsh_script, "submit", "--")[1:]}
     assert "--initial-batch-size" in names
     assert "--batch-size" not in names
+
+
+@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+def test_bash_completes_job_names_and_ids_from_the_scheduler(bash_script, tmp_path, monkeypatch):
+    # A stand-in pollux-cli first on PATH answers the hidden command as the real one would.
+    fake = tmp_path / "bin" / "pollux-cli"
+    fake.parent.mkdir()
+    fake.write_text(
+        '#!/bin/sh\n[ "$3" = __jobs ] && printf "%s\\n" resnet-a resnet-b j-0123456789\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert bash_complete(bash_script, "describe", "res") == {"resnet-a", "resnet-b"}
+    assert bash_complete(bash_script, "logs", "-f", "j-") == {"j-0123456789"}
+    assert bash_complete(bash_script, "cancel", "") == {"resnet-a", "resnet-b", "j-0123456789"}
+    # A flag still completes as a flag; a command without a job argument offers no jobs.
+    assert "--rank" in bash_complete(bash_script, "logs", "--r")
+    assert "resnet-a" not in bash_complete(bash_script, "nodes", "")
+
+
+def test_the_hidden_jobs_command_prints_names_then_ids(capsys):
+    from tests.unit.test_cli_args import FakeClient
+
+    fake = FakeClient()
+    assert cli.main(["__jobs"], connect=lambda args: fake) == 0  # type: ignore[arg-type,return-value]
+    words = capsys.readouterr().out.split()
+    assert words
+    assert fake.calls[0][0] == "list_jobs"
+    assert all(w.startswith("j-") for w in words[len(words) // 2 :])

@@ -217,7 +217,9 @@ def test_admin_tables_escape_their_cells(capsys: pytest.CaptureFixture[str]) -> 
     assert SNEAKY in raw
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.text(max_size=40))
 def test_no_text_in_a_job_reaches_the_terminal_as_a_control(
     capsys: pytest.CaptureFixture[str], text: str

@@ -104,22 +104,22 @@ def test_a_file_without_a_known_suffix_is_read_as_yaml(tmp_path):
 
 
 def test_minimal_spec_takes_the_server_defaults():
-    spec = JobSpec.from_mapping({"name": "a", "command": ["true"], "initial_batch_size": 1})
-    assert spec == JobSpec("a", ("true",), 1)
+    spec = JobSpec.from_mapping({"name": "job", "command": ["true"], "initial_batch_size": 1})
+    assert spec == JobSpec("job", ("true",), 1)
     assert spec.scaling_rule == "adascale"
     assert (spec.max_batch_size, spec.max_failures, spec.max_replicas) == (0, 0, 0)
 
 
 def test_a_command_string_is_split_like_a_shell():
     spec = JobSpec.from_mapping(
-        {"name": "a", "command": "python train.py --msg 'hello world'", "initial_batch_size": 1}
+        {"name": "job", "command": "python train.py --msg 'hello world'", "initial_batch_size": 1}
     )
     assert spec.command == ("python", "train.py", "--msg", "hello world")
 
 
 def test_scaling_rule_is_case_insensitive():
     spec = JobSpec.from_mapping(
-        {"name": "a", "command": ["x"], "initial_batch_size": 1, "scaling_rule": "AdaScale"}
+        {"name": "job", "command": ["x"], "initial_batch_size": 1, "scaling_rule": "AdaScale"}
     )
     assert spec.scaling_rule == "adascale"
 
@@ -135,7 +135,7 @@ def test_spec_copies_its_collections():
     assert hash(spec) == hash(JobSpec("a", ("x",), 1, env={"B": "2"}))
 
 
-BASE = {"name": "a", "command": ["x"], "initial_batch_size": 8}
+BASE = {"name": "job", "command": ["x"], "initial_batch_size": 8}
 
 
 def problems_of(**changes: object) -> dict[str, str]:
@@ -152,34 +152,46 @@ def problems_of(**changes: object) -> dict[str, str]:
         ({"name": ...}, "name", "required key is missing"),
         ({"command": ...}, "command", "required key is missing"),
         ({"initial_batch_size": ...}, "initial_batch_size", "required key is missing"),
-        ({"name": 3}, "name", "expected a string, got int"),
-        ({"working_dir": ["/a"]}, "working_dir", "expected a string, got list"),
-        ({"command": [1, 2]}, "command", "expected a list of strings"),
+        ({"name": 3}, "name", "must be a string, got int"),
+        ({"working_dir": ["/a"]}, "working_dir", "must be a string, got list"),
+        ({"command": [1, 2]}, "command", "must be a list of strings"),
         ({"command": []}, "command", "must name at least the program"),
         ({"command": ""}, "command", "must name at least the program"),
         ({"command": "python 'unclosed"}, "command", "cannot split"),
-        ({"command": {"a": 1}}, "command", "expected a list of strings"),
-        ({"initial_batch_size": "128"}, "initial_batch_size", "expected a whole number, got str"),
-        ({"initial_batch_size": 1.5}, "initial_batch_size", "expected a whole number, got float"),
-        ({"max_replicas": True}, "max_replicas", "expected a whole number, got bool"),
-        ({"max_batch_size": -1}, "max_batch_size", "must be >= 0, got -1"),
-        ({"min_local_batch_size": -2}, "min_local_batch_size", "must be >= 0"),
-        ({"max_local_batch_size": "big"}, "max_local_batch_size", "expected a whole number"),
-        ({"max_failures": -1}, "max_failures", "must be >= 0"),
-        ({"stop_grace_s": 2.5}, "stop_grace_s", "expected a whole number"),
+        ({"command": {"a": 1}}, "command", "must be a list of strings"),
+        ({"initial_batch_size": "128"}, "initial_batch_size", "must be a whole number, got str"),
+        ({"initial_batch_size": 1.5}, "initial_batch_size", "must be a whole number, got float"),
+        ({"max_replicas": True}, "max_replicas", "must be a whole number, got bool"),
+        (
+            {"max_batch_size": -1},
+            "max_batch_size",
+            "must be 0 to 16777216 (0: initial_batch_size), not -1",
+        ),
+        ({"min_local_batch_size": -2}, "min_local_batch_size", "must be 0 to 16777216"),
+        ({"max_local_batch_size": "big"}, "max_local_batch_size", "must be a whole number"),
+        ({"max_failures": -1}, "max_failures", "must be 0 to 1000 (0: 3), not -1"),
+        ({"stop_grace_s": 2.5}, "stop_grace_s", "must be a whole number"),
         ({"scaling_rule": "cubic"}, "scaling_rule", "'cubic' is not one of adascale"),
-        ({"scaling_rule": 2}, "scaling_rule", "is not one of"),
-        ({"env": ["A=1"]}, "env", "expected a mapping"),
-        ({"env": {"DEBUG": True}}, "env.DEBUG", "expected a string, got bool (quote the value)"),
-        ({"env": {"X": None}}, "env.X", "expected a string, got nothing"),
+        (
+            {"scaling_rule": 2},
+            "scaling_rule",
+            "must be one of adascale, linear, sqrt, none, got int 2",
+        ),
+        ({"env": ["A=1"]}, "env", "must be a mapping"),
+        (
+            {"env": {"DEBUG": True}},
+            "env.DEBUG",
+            "must be a string, got bool True (quote the value)",
+        ),
+        ({"env": {"X": None}}, "env.X", "must be a string, got nothing"),
         ({"env": {1: "a"}}, "env.1", "names must be strings"),
-        ({"labels": "team=vision"}, "labels", "expected a mapping"),
-        ({"labels": {"team": ["a"]}}, "labels.team", "expected a string, got list"),
+        ({"labels": "team=vision"}, "labels", "must be a mapping"),
+        ({"labels": {"team": ["a"]}}, "labels.team", "must be a string, got list"),
         ({"max_batch": 4}, "max_batch", "unknown key (did you mean 'max_batch_size'?)"),
         ({"gpus": 4}, "gpus", "unknown key; known keys: name, command"),
-        ({"image": ["ubuntu"]}, "image", "expected a string, got list"),
-        ({"shm_size_mb": "1g"}, "shm_size_mb", "expected a whole number, got str"),
-        ({"mounts": "/a:/b"}, "mounts", "expected a list of SRC:DST[:ro] entries, got str"),
+        ({"image": ["ubuntu"]}, "image", "must be a string, got list"),
+        ({"shm_size_mb": "1g"}, "shm_size_mb", "must be a whole number, got str"),
+        ({"mounts": "/a:/b"}, "mounts", "must be a list of SRC:DST[:ro] entries, got str"),
         ({"mounts": ["/a"]}, "mounts[0]", "'/a' is not SRC:DST[:ro]"),
         ({"mounts": ["/a:/b:rx"]}, "mounts[0]", "is not SRC:DST[:ro]"),
         ({"mounts": ["/a:/b:c:ro"]}, "mounts[0]", "is not SRC:DST[:ro]"),
@@ -190,7 +202,7 @@ def problems_of(**changes: object) -> dict[str, str]:
             "mounts[0]",
             "read_only must be true or false, got str",
         ),
-        ({"mounts": [3]}, "mounts[0]", "expected SRC:DST[:ro] or a mapping, got int"),
+        ({"mounts": [3]}, "mounts[0]", "must be SRC:DST[:ro] or a mapping, got int"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -261,7 +273,7 @@ def test_a_relative_working_dir_is_relative_to_the_job_file(tmp_path, working_di
     (tmp_path / "jobs").mkdir()
     path = tmp_path / "jobs" / "job.yaml"
     path.write_text(
-        f"name: a\ncommand: [python, t.py]\ninitial_batch_size: 8\nworking_dir: {working_dir}\n"
+        f"name: job\ncommand: [python, t.py]\ninitial_batch_size: 8\nworking_dir: {working_dir}\n"
     )
     spec = JobSpec.from_file(path)
     assert spec.working_dir == (want if want.startswith("/") else str(tmp_path / want))
@@ -276,7 +288,7 @@ def test_the_sample_job_file_is_a_valid_spec():
 def test_container_keys_from_strings_or_mappings():
     spec = JobSpec.from_mapping(
         {
-            "name": "c",
+            "name": "cuda-job",
             "command": "python train.py",
             "initial_batch_size": 8,
             "image": "ghcr.io/org/train:1.2",

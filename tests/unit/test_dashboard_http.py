@@ -198,6 +198,7 @@ def test_the_page_has_no_inline_script_or_style() -> None:
             routes.Route(endpoint=routes.Endpoint.TIMELINE, job_id="resnet"),
         ),
         ("/api/v1/jobs/j-1/explain", routes.Route(endpoint=routes.Endpoint.EXPLAIN, job_id="j-1")),
+        ("/api/v1/jobs/j-1/logs", routes.Route(endpoint=routes.Endpoint.LOGS, job_id="j-1")),
     ],
 )
 def test_routes(path: str, expected: routes.Route) -> None:
@@ -209,7 +210,7 @@ def test_routes(path: str, expected: routes.Route) -> None:
     [
         ("/api/v1/", True),
         ("/api/v1", True),
-        ("/api/v1/jobs/j-1/logs", True),
+        ("/api/v1/jobs/j-1/stdout", True),
         ("/api/v1/jobs/../cluster", True),
         ("/api/v1/jobs/" + "x" * 200, True),
         ("/api/v1/cluster/", True),
@@ -419,3 +420,32 @@ async def test_sampling_goes_on_after_a_failed_read() -> None:
         await task
     assert len(calls) == 4
     assert len(ring.samples) == 3, "the failed read added nothing, and sampling went on"
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"tail": "0"}, "tail"),
+        ({"tail": "1001"}, "tail"),
+        ({"tail": "-1"}, "tail"),
+        ({"rank": "x"}, "rank"),
+        ({"follow": "1"}, "follow"),
+    ],
+)
+def test_a_log_query_out_of_bounds_is_refused_naming_the_parameter(
+    query: dict[str, str], field: str
+) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        views.logs_request("j-1", query)
+    assert [f for f, _ in refused.value.violations] == [field]
+
+
+def test_a_log_query_is_a_bounded_unfollowed_tail() -> None:
+    request = views.logs_request("j-1", {"rank": "2", "tail": "50"})
+    assert (request.job_id, request.rank, request.tail_lines, request.follow) == (
+        "j-1",
+        2,
+        50,
+        False,
+    )
+    assert views.logs_request("j-1", {}).tail_lines == views.DEFAULT_LOG_LINES

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from pollux.service.local_cluster import LocalCluster, Proc
+from pollux.service.local.etcd import LocalEtcd
+from pollux.service.local.pki import LocalPki
+from pollux.service.local_cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pollux_up_starts_etcd_with_auto_compaction(tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path, etcd_members=3)
-    cluster._etcd_ports = [(1, 2), (3, 4), (5, 6)]
-    started: list[list[str]] = []
-
-    def spawn(name: str, argv: list[str], port: int, *_: Any, **__: Any) -> Proc:
-        started.append(argv)
-        return Proc(name, None, port, tmp_path / "log")  # type: ignore[arg-type]
-
-    cluster._spawn = spawn  # type: ignore[method-assign]
-    for index in range(3):
-        cluster._spawn_etcd(index)
+    (tmp_path / "pki").mkdir()
+    members = LocalEtcd(3, data_root=tmp_path, logs=tmp_path, pki=LocalPki(tmp_path / "pki"))
+    members.ports = [(1, 2), (3, 4), (5, 6)]
+    started = [members.argv(index) for index in range(3)]
+    assert [a for a in started[2] if a.startswith("--initial-cluster=")] == [
+        "--initial-cluster=pollux-local-0=https://127.0.0.1:2,"
+        "pollux-local-1=https://127.0.0.1:4,pollux-local-2=https://127.0.0.1:6"
+    ]
     for argv in started:
         assert "--auto-compaction-mode=periodic" in argv
         assert "--auto-compaction-retention=5m" in argv
@@ -38,3 +36,11 @@ def test_the_compose_file_and_the_operator_guide_say_the_same() -> None:
     for text in (compose, guide):
         assert "--auto-compaction-mode periodic" in " ".join(text.split())
         assert "--auto-compaction-retention 5m" in " ".join(text.split())
+
+
+def test_a_cluster_makes_its_etcd_members_as_configured(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, etcd_members=3, etcd_dir=tmp_path / "etcd-disk")
+    assert cluster.members.members == 3
+    assert cluster.etcd_data_dir(1) == tmp_path / "etcd-disk" / "etcd-1"
+    assert cluster.members.pki is cluster.pki
+    assert LocalCluster(tmp_path, secure=False).members.pki is None

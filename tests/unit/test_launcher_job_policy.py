@@ -13,9 +13,9 @@ import pytest
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.job_files import make_private_dir, make_private_subdir, write_file
 from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems
-from pollux.launcher.launcher import GENERATION_FILE, fence_checkpoint_dir
 from pollux.launcher.placement import ReplicaPlan, contract_env, replica_env
 from pollux.launcher.replica import LaunchSpec, with_launcher_fence
+from pollux.launcher.workspaces import GENERATION_FILE, fence_checkpoint_dir
 from pollux.service.config import ConfigError, load
 from pollux.v1 import types_pb2 as pb
 

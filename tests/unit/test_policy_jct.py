@@ -54,6 +54,24 @@ def test_ranks_lie_between_one_and_m_and_sum_to_the_triangle_number(values):
     assert rank.sum() == pytest.approx(m * (m + 1) / 2)
 
 
+@given(
+    st.lists(
+        st.one_of(st.none(), st.sampled_from([0.0, 1.0, 5.0, 1e6]), st.floats(0.0, 1e6)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_ranks_equal_the_pairwise_count_exactly(values):
+    t = as_array(values)
+    known = ~np.isnan(t)
+    k = t[known]
+    expected = np.full(t.size, (t.size + 1) / 2.0)
+    above = (k[None, :] > k[:, None]).sum(axis=1)
+    ties = (k[None, :] == k[:, None]).sum(axis=1) - 1
+    expected[known] = 1.0 + above + 0.5 * ties + 0.5 * int((~known).sum())
+    assert np.array_equal(ranks(t), expected)  # bit for bit: sorting changed no decision
+
+
 @given(remaining_times)
 def test_less_remaining_time_never_ranks_lower(values):
     t = as_array(values)

@@ -203,3 +203,25 @@ def test_a_current_allocation_beyond_todays_caps_is_valued_and_brought_within_th
     alloc = decision.allocations["wide"]
     assert 0 < len(alloc) <= 8
     assert len(set(alloc)) <= 2
+
+
+def test_a_shrink_names_the_job_that_took_the_gpus_and_what_it_gained():
+    # An old job holds the whole node; two new jobs arrive that gain far more per GPU.
+    hog = job("hog", on=("n0",) * 4, age=36000, max_replicas=4, noise=1.0)
+    new = [job(f"new{i}", age=600, max_replicas=2) for i in range(2)]
+    decision = GREEDY.allocate(state([hog, *new], nodes(1)), None, RNG)
+    kept = len(decision.allocations["hog"])
+    assert kept < 4
+    reason = decision.explain["hog"].reason
+    takers = [n for n in ("new0", "new1") if decision.allocations[n]]
+    assert takers, decision.allocations
+    assert "its GPUs went to " in reason
+    for name in takers:
+        assert f"{name} (0 → " in reason
+    # The speedups of the taker (from 0: it had no GPU) and of the job that shrank.
+    taker = reason.split(f"{takers[0]} (0 → ", 1)[1]
+    assert float(taker.split("speedup 0 → ", 1)[1].split(")")[0]) > 0
+    own_before, own_after = reason.rsplit("its speedup ", 1)[1].split(" → ")
+    assert float(own_before) > float(own_after) > 0
+    # A job that grew or stayed says nothing of takers.
+    assert all("went to" not in decision.explain[n].reason for n in ("new0", "new1"))

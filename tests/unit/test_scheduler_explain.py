@@ -245,3 +245,22 @@ def test_explain_says_which_objective_the_policy_maximises() -> None:
     assert PolluxPolicy(jct=JctParams()).objective_text == JCT_OBJECTIVE
     assert "remaining-time rank" in JCT_OBJECTIVE
     assert OptimusPolicy().objective_text == TiresiasPolicy().objective_text == ""
+
+
+def test_an_estimate_plays_the_live_rounds_first_so_a_short_job_is_not_a_round_late() -> None:
+    # The cluster is full until a job ends in 20 s; the new job is short. Played in 300 s
+    # rounds it could only start at the next one; at the live 5 s rounds it starts at once.
+    perf = perf_to_pb(policy_model().perf)
+    reference = pb.JobModel(throughput=perf, work=pb.WorkStatus(progress=9.0, remaining=1.0))
+    new = pb.JobSpec(name="again", batch=pb.BatchLimits(initial_batch_size=128))
+    new.batch.max_batch_size = 4096
+    ending = replace(job("ending", on=("n0",) * 4), remaining_work=1.0)
+    busy = state([ending], nodes(1))
+    coarse = estimate(busy, PolluxPolicy(), new, reference, round_s=300.0, restart_delay_s=5.0)
+    fine = estimate(
+        busy, PolluxPolicy(), new, reference, round_s=300.0, restart_delay_s=5.0, live_round_s=5.0
+    )
+    assert coarse is not None
+    assert fine is not None
+    assert fine.completion < coarse.completion
+    assert fine.completion - busy.now < 300.0

@@ -45,7 +45,11 @@ def test_event_rounds_run_a_round_after_each_submission(tmp_path, capsys):
 
 def test_placement_event_rounds_are_selected_and_recorded(tmp_path):
     out = tmp_path / "place"
-    workload = WORKLOADS / "workload-6.csv"
+    # The first 24 jobs of a published workload: enough arrivals for event rounds between
+    # the periodic ones, at a tenth of the whole workload's cost.
+    workload = tmp_path / "workload-6.csv"
+    lines = (WORKLOADS / "workload-6.csv").read_text().splitlines()
+    workload.write_text("\n".join(lines[:25]) + "\n")
     argv = ["run", "--event-delay", "1", "--event-rounds", "place", "--output", str(out)]
     assert main([*argv, str(workload)]) == 0
     info = json.loads((out / "run.json").read_text())

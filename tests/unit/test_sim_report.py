@@ -366,7 +366,9 @@ def test_missing_run_json_is_a_report_error_naming_the_file(tmp_path):
     ("summary_json", "want"),
     [
         pytest.param({"avgs": {}}, "missing field 'jcts'", id="no jcts"),
-        pytest.param({"jcts": {"workload-1": {"a": "slow"}}}, "must be a number", id="text JCT"),
+        pytest.param(
+            {"jcts": {"workload-1": {"a": "slow"}}}, "must be a finite number", id="text JCT"
+        ),
         pytest.param({"jcts": {"workload-1": {}}}, "has no jobs", id="a workload without jobs"),
         pytest.param({"jcts": {"workload-9": {"a": 1}}}, "differ from run.json", id="workloads"),
     ],

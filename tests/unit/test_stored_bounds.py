@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pollux.policy.types import AllocationDecision, ClusterState, JobExplain
 from pollux.scheduler.cycle import MAX_DECISION_BYTES, plan_round
-from pollux.scheduler.lifecycle import MAX_REASON_CHARS, MAX_RECENT_HISTORY, S, transition
+from pollux.scheduler.lifecycle import MAX_REASON_CHARS, MAX_RECENT_HISTORY, transition
 from pollux.service.errors import status_of
 from pollux.service.store import (
     MAX_VALUE_BYTES,
@@ -27,9 +27,9 @@ from tests.unit.policy_builders import ScriptedPolicy
 
 
 def submitted(job_id: str = "j-1", at: float = 0.0) -> pb.Job:
-    job = pb.Job(id=job_id, state=S.JOB_STATE_PENDING)
+    job = pb.Job(id=job_id, state=pb.JOB_STATE_PENDING)
     job.create_time.FromNanoseconds(int(at * 1e9))
-    first = job.history.add(state=S.JOB_STATE_PENDING, reason="submitted")
+    first = job.history.add(state=pb.JOB_STATE_PENDING, reason="submitted")
     first.time.CopyFrom(job.create_time)
     return job
 
@@ -39,11 +39,11 @@ def submitted(job_id: str = "j-1", at: float = 0.0) -> pb.Job:
 
 def test_history_keeps_the_first_transition_and_the_latest_ones():
     job = submitted()
-    transition(job, S.JOB_STATE_ALLOCATED, 1.0, "started")
-    transition(job, S.JOB_STATE_RUNNING, 2.0, "running")
+    transition(job, pb.JOB_STATE_ALLOCATED, 1.0, "started")
+    transition(job, pb.JOB_STATE_RUNNING, 2.0, "running")
     for i in range(500):  # a job rescaled every round
-        transition(job, S.JOB_STATE_RESCALING, 3.0 + 2 * i, f"rescale {i}")
-        transition(job, S.JOB_STATE_RUNNING, 4.0 + 2 * i, f"running {i}")
+        transition(job, pb.JOB_STATE_RESCALING, 3.0 + 2 * i, f"rescale {i}")
+        transition(job, pb.JOB_STATE_RUNNING, 4.0 + 2 * i, f"running {i}")
         assert len(job.history) <= 1 + MAX_RECENT_HISTORY
     assert len(job.history) == 1 + MAX_RECENT_HISTORY
     assert job.history[0].reason == "submitted"
@@ -55,11 +55,11 @@ def test_history_keeps_the_first_transition_and_the_latest_ones():
 
 def test_a_long_reason_is_clipped_with_an_ellipsis():
     job = submitted()
-    transition(job, S.JOB_STATE_ALLOCATED, 1.0, "n" * 10_000)
+    transition(job, pb.JOB_STATE_ALLOCATED, 1.0, "n" * 10_000)
     reason = job.history[-1].reason
     assert len(reason) == MAX_REASON_CHARS
     assert reason.endswith("…")
-    transition(job, S.JOB_STATE_RUNNING, 2.0, "short")
+    transition(job, pb.JOB_STATE_RUNNING, 2.0, "short")
     assert job.history[-1].reason == "short"
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pollux.scheduler.lifecycle import MAX_REASON_CHARS, S, transition
+from pollux.scheduler.lifecycle import MAX_REASON_CHARS, transition
 from pollux.terminal import escape_controls, is_control
 from pollux.v1 import types_pb2 as pb
 
@@ -111,14 +111,14 @@ def test_a_log_keeps_its_lines_and_tabs_a_field_does_not() -> None:
 
 
 def test_a_history_reason_is_stored_escaped_and_still_bounded() -> None:
-    job = pb.Job(id="j-1", state=S.JOB_STATE_PENDING)
-    transition(job, S.JOB_STATE_ALLOCATED, 1.0, "started")
+    job = pb.Job(id="j-1", state=pb.JOB_STATE_PENDING)
+    transition(job, pb.JOB_STATE_ALLOCATED, 1.0, "started")
     tail = f"Traceback | {ESC}]52;c;eA=={BEL}{ESC}[2J\nboom"
-    transition(job, S.JOB_STATE_FAILED, 2.0, f"replica 0 exited 1: {tail}")
+    transition(job, pb.JOB_STATE_FAILED, 2.0, f"replica 0 exited 1: {tail}")
     reason = job.history[-1].reason
     assert reason == r"replica 0 exited 1: Traceback | \x1b]52;c;eA==\x07\x1b[2J\nboom"
     # Escaping lengthens a reason (1 character to 4), the bound still holds after it.
-    long = pb.Job(id="j-2", state=S.JOB_STATE_PENDING)
-    transition(long, S.JOB_STATE_CANCELLED, 1.0, ESC * 1000)
+    long = pb.Job(id="j-2", state=pb.JOB_STATE_PENDING)
+    transition(long, pb.JOB_STATE_CANCELLED, 1.0, ESC * 1000)
     assert len(long.history[-1].reason) == MAX_REASON_CHARS
     assert long.history[-1].reason.startswith(r"\x1b\x1b")

@@ -59,7 +59,7 @@ def test_only_rank_zero_writes_and_none_disables(tmp_path):
 
 
 def test_a_stale_generation_never_overwrites_the_newer_generations_checkpoint(tmp_path):
-    from pollux.launcher.launcher import fence_checkpoint_dir
+    from pollux.launcher.workspaces import fence_checkpoint_dir
 
     old, new = CheckpointManager(tmp_path, generation=2), CheckpointManager(tmp_path, generation=3)
     assert old.save({"step": 10}) is not None  # nothing recorded yet: writes

@@ -218,3 +218,29 @@ def test_a_declared_budget_counts_down_and_bad_budgets_are_refused():
         with pytest.raises(InvalidValueError):
             t.declare_total(**bad)
     t.close()
+
+
+def test_logged_values_go_to_the_agent_with_the_next_report_latest_of_each():
+    sink = InMemorySink()
+    t = trainer(
+        metrics_sink=sink, connect_agent=False, batch_source=FixedBatchConfig(BatchConfig(8))
+    )
+    train_steps(t, 2)
+    t.log(loss=torch.tensor(0.5), accuracy=0.25)
+    t.log(loss=0.125)  # a later value replaces the earlier; other names stay
+    t.reporter.flush()
+    logged = [dict(b.user_metrics) for b in sink.batches if b.user_metrics]
+    assert logged[-1] == {"loss": 0.125, "accuracy": 0.25}
+    t.close()
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [({"loss": float("nan")}, "log[loss]"), ({"1st": 1.0}, "log[1st]")],
+)
+def test_values_the_agent_would_refuse_are_refused_when_logged(values, field):
+    t = trainer(connect_agent=False)
+    with pytest.raises(InvalidValueError, match=r"finite|a name is a letter") as refused:
+        t.log(**values)
+    assert refused.value.field == field
+    t.close()

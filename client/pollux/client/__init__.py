@@ -22,10 +22,10 @@ from pollux.client.types import (
     Job,
     JobEstimate,
     JobSpec,
-    Mount,
     NodeStatus,
     Transition,
 )
+from pollux.jobspec import Mount
 
 __all__ = [
     "Allocation",

@@ -10,12 +10,17 @@ Timestamp becomes None; an empty allocation (no nodes) becomes None.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
+from pollux import jobspec
 from pollux.client.types import (
+    SCALING_RULES,
     Allocation,
     Alternative,
     BatchChoice,
@@ -29,33 +34,23 @@ from pollux.client.types import (
     JobSpec,
     Member,
     ModelSummary,
-    Mount,
     NodeStatus,
     RoundInfo,
     ThroughputParams,
     Transition,
 )
+from pollux.jobspec import wire
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
+
+M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 _STATE_PREFIX = "JOB_STATE_"
 _STATE_NAMES: dict[int, str] = {
     v.number: v.name.removeprefix(_STATE_PREFIX) for v in pb.JobState.DESCRIPTOR.values
 }
 _STATE_NUMBERS: dict[str, int] = {name: number for number, name in _STATE_NAMES.items()}
-_RULE_NAMES: dict[int, str] = {
-    pb.SCALING_RULE_UNSPECIFIED: "adascale",  # the API's default rule
-    pb.SCALING_RULE_ADASCALE: "adascale",
-    pb.SCALING_RULE_LINEAR: "linear",
-    pb.SCALING_RULE_SQRT: "sqrt",
-    pb.SCALING_RULE_NONE: "none",
-}
-_RULE_NUMBERS: dict[str, int] = {
-    "adascale": pb.SCALING_RULE_ADASCALE,
-    "linear": pb.SCALING_RULE_LINEAR,
-    "sqrt": pb.SCALING_RULE_SQRT,
-    "none": pb.SCALING_RULE_NONE,
-}
 _SYNC_NAMES: dict[int, str] = {
     pb.SYNC_MODEL_UNSPECIFIED: "ring",  # the API's default shape
     pb.SYNC_MODEL_RING: "ring",
@@ -98,130 +93,129 @@ def time_to_proto(value: datetime | None, target: timestamp_pb2.Timestamp) -> No
     target.FromDatetime(value)
 
 
+# ---- like-named fields ----------------------------------------------------------------------
+#
+# Most client dataclasses mirror a message field for field, by name. These two copy every field
+# the two share, each by its kind (scalar, repeated, map, Timestamp); what is not alike (a
+# nested message, an enum, a field of another message) is given by the caller, so each
+# conversion below names only what differs and a field added to both moves with no code.
+
+_TIMESTAMP = timestamp_pb2.Timestamp.DESCRIPTOR.full_name
+
+
+def _is_map(field: Any) -> bool:
+    return bool(field.message_type is not None and field.message_type.GetOptions().map_entry)
+
+
+def _is_repeated(field: Any) -> bool:
+    return bool(field.is_repeated)
+
+
+def _to_message(value: Any, message: M, **given: Any) -> M:
+    """Fill `message` from the like-named fields of the dataclass `value`, then from `given`.
+
+    Sequences extend a repeated field, mappings update a map, datetimes set a Timestamp (None
+    leaves it unset), a message is copied (None leaves it unset); fields the message does not
+    have are skipped.
+    """
+    fields = message.DESCRIPTOR.fields_by_name
+    shared = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name in fields}
+    for name, item in {**shared, **given}.items():
+        field, target = fields[name], getattr(message, name)
+        if item is None:
+            continue
+        if field.message_type is not None and field.message_type.full_name == _TIMESTAMP:
+            time_to_proto(item, target)
+        elif _is_map(field):
+            target.update(item)
+        elif _is_repeated(field):
+            target.extend(item)
+        elif field.message_type is not None:
+            target.CopyFrom(item)
+        else:
+            setattr(message, name, item)
+    return message
+
+
+def _from_message(cls: type[T], *messages: Any, **given: Any) -> T:
+    """The dataclass `cls` from `given` and the like-named fields of `messages`.
+
+    Each field comes from the first message that has it. Repeated fields become tuples, maps
+    dicts, Timestamps datetimes (None when unset); a dataclass field no message has keeps its
+    default unless given.
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        holder = next((m for m in messages if f.name in m.DESCRIPTOR.fields_by_name), None)
+        if f.name in given or holder is None:
+            continue
+        field, item = holder.DESCRIPTOR.fields_by_name[f.name], getattr(holder, f.name)
+        if field.message_type is not None and field.message_type.full_name == _TIMESTAMP:
+            values[f.name] = time_from_proto(holder, f.name)
+        elif _is_map(field):
+            values[f.name] = dict(item)
+        elif _is_repeated(field):
+            values[f.name] = tuple(item)
+        else:
+            values[f.name] = item
+    return cls(**values, **given)
+
+
 # ---- jobs ------------------------------------------------------------------------------------
 
 
 def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
-    """The API message of a spec."""
-    out = pb.JobSpec(
-        name=spec.name,
-        command=list(spec.command),
-        env=dict(spec.env),
-        working_dir=spec.working_dir,
-        batch=pb.BatchLimits(
-            initial_batch_size=spec.initial_batch_size,
-            max_batch_size=spec.max_batch_size,
-            min_local_batch_size=spec.min_local_batch_size,
-            max_local_batch_size=spec.max_local_batch_size,
-        ),
-        max_replicas=spec.max_replicas,
-        max_failures=spec.max_failures,
-        stop_grace_s=spec.stop_grace_s,
-        labels=dict(spec.labels),
-        secret_env=dict(spec.secret_env),
-        image=spec.image,
-        shm_size_mb=spec.shm_size_mb,
-        mounts=[
-            pb.Mount(host_path=m.host_path, container_path=m.container_path, read_only=m.read_only)
-            for m in spec.mounts
-        ],
-    )
-    out.scaling_rule = _RULE_NUMBERS[spec.scaling_rule]  # type: ignore[assignment]
-    return out
+    """The API message of a spec (the job-spec contract's table places each key)."""
+    return wire.to_message({key: getattr(spec, key) for key in jobspec.KEYS})
 
 
 def spec_from_proto(message: pb.JobSpec) -> JobSpec:
-    """The spec carried by an API message."""
-    batch = message.batch
-    return JobSpec(
-        name=message.name,
-        command=tuple(message.command),
-        initial_batch_size=batch.initial_batch_size,
-        env=dict(message.env),
-        working_dir=message.working_dir,
-        max_batch_size=batch.max_batch_size,
-        min_local_batch_size=batch.min_local_batch_size,
-        max_local_batch_size=batch.max_local_batch_size,
-        scaling_rule=_RULE_NAMES.get(message.scaling_rule, "adascale"),  # type: ignore[arg-type]
-        max_replicas=message.max_replicas,
-        max_failures=message.max_failures,
-        stop_grace_s=message.stop_grace_s,
-        labels=dict(message.labels),
-        secret_env=dict(message.secret_env),
-        image=message.image,
-        shm_size_mb=message.shm_size_mb,
-        mounts=tuple(
-            Mount(m.host_path, m.container_path, read_only=m.read_only) for m in message.mounts
-        ),
-    )
+    """The spec carried by an API message; an unset or unknown scaling rule is adascale."""
+    values = wire.values_of(message)
+    if values["scaling_rule"] not in SCALING_RULES:
+        values["scaling_rule"] = "adascale"  # the API's default rule
+    return JobSpec(**values)
 
 
 def allocation_to_proto(allocation: Allocation, target: pb.Allocation) -> None:
     """Fill `target` from `allocation`."""
-    target.nodes.extend(allocation.nodes)
-    target.generation = allocation.generation
-    target.round = allocation.round
-    time_to_proto(allocation.time, target.time)
+    _to_message(allocation, target)
 
 
 def allocation_from_proto(message: pb.Allocation) -> Allocation | None:
     """The allocation, or None when it holds no GPUs."""
-    if not message.nodes:
-        return None
-    return Allocation(
-        nodes=tuple(message.nodes),
-        generation=message.generation,
-        time=time_from_proto(message, "time"),
-        round=message.round,
-    )
+    return _from_message(Allocation, message) if message.nodes else None
+
+
+def _transition_to_proto(transition: Transition) -> pb.StateTransition:
+    return _to_message(transition, pb.StateTransition(), state=state_number(transition.state))
+
+
+def _transition_from_proto(message: pb.StateTransition) -> Transition:
+    return _from_message(Transition, message, state=state_name(message.state))
 
 
 def job_to_proto(job: Job) -> pb.Job:
     """The API message of a job (used by fakes and round-trip tests)."""
-    out = pb.Job(
-        id=job.id,
+    return _to_message(
+        job,
+        pb.Job(),
         spec=spec_to_proto(job.spec),
-        request_id=job.request_id,
-        cancel_requested=job.cancel_requested,
-        restarts=job.restarts,
-        failures=job.failures,
-        attained_gpu_seconds=job.attained_gpu_seconds,
-        owner=job.owner,
-        tenant=job.tenant,
+        state=state_number(job.state),
+        history=[_transition_to_proto(t) for t in job.history],
+        allocation=None if job.allocation is None else _to_message(job.allocation, pb.Allocation()),
     )
-    out.state = state_number(job.state)  # type: ignore[assignment]
-    for transition in job.history:
-        entry = out.history.add(state=state_number(transition.state), reason=transition.reason)
-        time_to_proto(transition.time, entry.time)
-    time_to_proto(job.create_time, out.create_time)
-    time_to_proto(job.finish_time, out.finish_time)
-    time_to_proto(job.estimated_completion, out.estimated_completion)
-    if job.allocation is not None:
-        allocation_to_proto(job.allocation, out.allocation)
-    return out
 
 
 def job_from_proto(message: pb.Job) -> Job:
     """The job carried by an API message."""
-    return Job(
-        id=message.id,
+    return _from_message(
+        Job,
+        message,
         spec=spec_from_proto(message.spec),
-        request_id=message.request_id,
         state=state_name(message.state),
-        history=tuple(
-            Transition(state=state_name(t.state), time=time_from_proto(t, "time"), reason=t.reason)
-            for t in message.history
-        ),
-        create_time=time_from_proto(message, "create_time"),
-        finish_time=time_from_proto(message, "finish_time"),
-        cancel_requested=message.cancel_requested,
-        restarts=message.restarts,
-        failures=message.failures,
+        history=tuple(_transition_from_proto(t) for t in message.history),
         allocation=allocation_from_proto(message.allocation),
-        attained_gpu_seconds=message.attained_gpu_seconds,
-        owner=message.owner,
-        tenant=message.tenant,
-        estimated_completion=time_from_proto(message, "estimated_completion"),
     )
 
 
@@ -230,91 +224,45 @@ def job_from_proto(message: pb.Job) -> Job:
 
 def decision_to_proto(decision: JobDecision) -> pb.JobDecision:
     """The API message of a job's decision."""
-    return pb.JobDecision(
-        job_id=decision.job_id,
-        nodes=list(decision.nodes),
-        speedup=decision.speedup,
-        restart_penalty=decision.restart_penalty,
-        reason=decision.reason,
-        changed=decision.changed,
-    )
+    return _to_message(decision, pb.JobDecision())
 
 
 def decision_from_proto(message: pb.JobDecision) -> JobDecision:
     """A job's decision from its API message."""
-    return JobDecision(
-        job_id=message.job_id,
-        nodes=tuple(message.nodes),
-        speedup=message.speedup,
-        restart_penalty=message.restart_penalty,
-        reason=message.reason,
-        changed=message.changed,
-    )
+    return _from_message(JobDecision, message)
 
 
 def round_to_proto(info: RoundInfo) -> pb.Decision:
     """The API message of a round (its jobs left empty, as Explain sends it)."""
-    out = pb.Decision(
-        round=info.round,
-        policy=info.policy,
-        objective=info.objective,
-        snapshot_revision=info.snapshot_revision,
-        scheduler_id=info.scheduler_id,
-        placement=info.placement,
-    )
-    time_to_proto(info.time, out.time)
-    return out
+    return _to_message(info, pb.Decision())
 
 
 def round_from_proto(message: pb.Decision) -> RoundInfo:
     """Round number, time, policy and objective of a decision record."""
-    return RoundInfo(
-        round=message.round,
-        time=time_from_proto(message, "time"),
-        policy=message.policy,
-        objective=message.objective,
-        snapshot_revision=message.snapshot_revision,
-        scheduler_id=message.scheduler_id,
-        placement=message.placement,
-    )
+    return _from_message(RoundInfo, message)
 
 
 def batch_to_proto(batch: BatchConfig) -> pb.BatchConfig:
     """The API message of a batch configuration."""
-    return pb.BatchConfig(
-        local_batch_size=batch.local_batch_size,
-        accum_steps=batch.accum_steps,
-        total_batch_size=batch.total_batch_size,
-        predicted_speedup=batch.predicted_speedup,
-    )
+    return _to_message(batch, pb.BatchConfig())
 
 
 def batch_from_proto(message: pb.BatchConfig) -> BatchConfig:
     """A batch configuration from its API message."""
-    return BatchConfig(
-        local_batch_size=message.local_batch_size,
-        accum_steps=message.accum_steps,
-        total_batch_size=message.total_batch_size,
-        predicted_speedup=message.predicted_speedup,
-    )
+    return _from_message(BatchConfig, message)
+
+
+_BATCH_LIMITS = tuple(pb.BatchLimits.DESCRIPTOR.fields_by_name)
+"""The batch limits a model summary carries flat (in the message, in `batch`)."""
 
 
 def model_to_proto(job_id: str, model: ModelSummary) -> pb.JobModel:
     """The API message of a model summary for job `job_id`."""
-    out = pb.JobModel(
-        job_id=job_id,
-        grad_sqr=model.grad_sqr,
-        grad_var=model.grad_var,
-        batch=pb.BatchLimits(
-            initial_batch_size=model.initial_batch_size,
-            max_batch_size=model.max_batch_size,
-            min_local_batch_size=model.min_local_batch_size,
-            max_local_batch_size=model.max_local_batch_size,
-        ),
-        max_profiled_replicas=model.max_profiled_replicas,
-        observations=model.observations,
-        agent_id=model.agent_id,
-        seeded_from=model.seeded_from,
+    out = _to_message(
+        model,
+        pb.JobModel(job_id=job_id),
+        batch=pb.BatchLimits(**{name: getattr(model, name) for name in _BATCH_LIMITS}),
+        throughput=None,
     )
     if model.progress is not None:
         out.work.progress = model.progress
@@ -324,19 +272,7 @@ def model_to_proto(job_id: str, model: ModelSummary) -> pb.JobModel:
             out.work.rescale_pause_s = model.rescale_pause_s
     if model.throughput is not None:
         t = model.throughput
-        out.throughput.CopyFrom(
-            pb.ThroughputParams(
-                alpha_c=t.alpha_c,
-                beta_c=t.beta_c,
-                alpha_n=t.alpha_n,
-                beta_n=t.beta_n,
-                alpha_r=t.alpha_r,
-                beta_r=t.beta_r,
-                gamma=t.gamma,
-            )
-        )
-        out.throughput.sync_model = _SYNC_NUMBERS[t.sync_model]  # type: ignore[assignment]
-    time_to_proto(model.update_time, out.update_time)
+        _to_message(t, out.throughput, sync_model=_SYNC_NUMBERS[t.sync_model])
     return out
 
 
@@ -345,30 +281,13 @@ def model_from_proto(message: pb.JobModel) -> ModelSummary:
     throughput = None
     if message.HasField("throughput"):
         t = message.throughput
-        throughput = ThroughputParams(
-            alpha_c=t.alpha_c,
-            beta_c=t.beta_c,
-            alpha_n=t.alpha_n,
-            beta_n=t.beta_n,
-            alpha_r=t.alpha_r,
-            beta_r=t.beta_r,
-            gamma=t.gamma,
+        throughput = _from_message(
+            ThroughputParams,
+            t,
             sync_model=_SYNC_NAMES.get(t.sync_model, f"sync_model_{t.sync_model}"),
         )
-    return ModelSummary(
-        agent_id=message.agent_id,
-        observations=message.observations,
-        max_profiled_replicas=message.max_profiled_replicas,
-        throughput=throughput,
-        grad_sqr=message.grad_sqr,
-        grad_var=message.grad_var,
-        initial_batch_size=message.batch.initial_batch_size,
-        max_batch_size=message.batch.max_batch_size,
-        min_local_batch_size=message.batch.min_local_batch_size,
-        max_local_batch_size=message.batch.max_local_batch_size,
-        update_time=time_from_proto(message, "update_time"),
-        seeded_from=message.seeded_from,
-        **_work_from_proto(message),
+    return _from_message(
+        ModelSummary, message, message.batch, throughput=throughput, **_work_from_proto(message)
     )
 
 
@@ -385,89 +304,48 @@ def _work_from_proto(message: pb.JobModel) -> dict[str, float | None]:
 
 def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:
     """The Explain reply that carries `explanation`."""
-    out = spb.ExplainResponse(job=job_to_proto(explanation.job))
-    if explanation.decision is not None:
-        out.decision.CopyFrom(decision_to_proto(explanation.decision))
-    if explanation.round is not None:
-        out.round.CopyFrom(round_to_proto(explanation.round))
-    if explanation.model is not None:
-        out.model.CopyFrom(model_to_proto(explanation.job.id, explanation.model))
-    if explanation.batch is not None:
-        out.batch.CopyFrom(batch_to_proto(explanation.batch))
     change = explanation.last_change
-    if change is not None:
-        out.last_change.state = state_number(change.state)  # type: ignore[assignment]
-        out.last_change.reason = change.reason
-        time_to_proto(change.time, out.last_change.time)
-    for a in explanation.alternatives:
-        out.alternatives.add(gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput)
-    for h in explanation.holders:
-        out.holders.add(
-            job_id=h.job_id,
-            gpus=h.gpus,
-            speedup=h.speedup,
-            speedup_without_one=h.speedup_without_one,
-        )
-    choice = explanation.batch_choice
-    if choice is not None:
-        out.batch_choice.CopyFrom(
-            spb.ExplainBatch(
-                batch_size=choice.batch_size,
-                local_batch_size=choice.local_batch_size,
-                accum_steps=choice.accum_steps,
-                throughput=choice.throughput,
-                efficiency=choice.efficiency,
-                goodput=choice.goodput,
-            )
-        )
-    out.queue_position = explanation.queue_position
-    out.pending_jobs = explanation.pending_jobs
-    out.objective = explanation.objective
-    return out
+    model = explanation.model
+    return _to_message(
+        explanation,
+        spb.ExplainResponse(),
+        job=job_to_proto(explanation.job),
+        decision=_optional(decision_to_proto, explanation.decision),
+        round=_optional(round_to_proto, explanation.round),
+        model=None if model is None else model_to_proto(explanation.job.id, model),
+        batch=_optional(batch_to_proto, explanation.batch),
+        last_change=_optional(_transition_to_proto, change),
+        alternatives=[_to_message(a, spb.ExplainAlternative()) for a in explanation.alternatives],
+        holders=[_to_message(h, spb.ExplainHolder()) for h in explanation.holders],
+        batch_choice=_optional(
+            lambda choice: _to_message(choice, spb.ExplainBatch()), explanation.batch_choice
+        ),
+    )
 
 
 def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
     """An explanation from an Explain reply; absent parts become None."""
-    return Explanation(
+
+    def part(name: str, convert: Callable[[Any], Any]) -> Any:
+        return convert(getattr(message, name)) if message.HasField(name) else None
+
+    return _from_message(
+        Explanation,
+        message,
         job=job_from_proto(message.job),
-        decision=decision_from_proto(message.decision) if message.HasField("decision") else None,
-        round=round_from_proto(message.round) if message.HasField("round") else None,
-        model=model_from_proto(message.model) if message.HasField("model") else None,
-        batch=batch_from_proto(message.batch) if message.HasField("batch") else None,
-        last_change=Transition(
-            state=state_name(message.last_change.state),
-            time=time_from_proto(message.last_change, "time"),
-            reason=message.last_change.reason,
-        )
-        if message.HasField("last_change")
-        else None,
-        alternatives=tuple(
-            Alternative(gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput)
-            for a in message.alternatives
-        ),
-        holders=tuple(
-            Holder(
-                job_id=h.job_id,
-                gpus=h.gpus,
-                speedup=h.speedup,
-                speedup_without_one=h.speedup_without_one,
-            )
-            for h in message.holders
-        ),
-        batch_choice=BatchChoice(
-            batch_size=message.batch_choice.batch_size,
-            local_batch_size=message.batch_choice.local_batch_size,
-            accum_steps=message.batch_choice.accum_steps,
-            throughput=message.batch_choice.throughput,
-            efficiency=message.batch_choice.efficiency,
-            goodput=message.batch_choice.goodput,
-        )
-        if message.HasField("batch_choice")
-        else None,
-        queue_position=message.queue_position,
-        pending_jobs=message.pending_jobs,
-        objective=message.objective,
+        decision=part("decision", decision_from_proto),
+        round=part("round", round_from_proto),
+        model=part("model", model_from_proto),
+        batch=part("batch", batch_from_proto),
+        last_change=part("last_change", _transition_from_proto),
+        alternatives=tuple(_from_message(Alternative, a) for a in message.alternatives),
+        holders=tuple(_from_message(Holder, h) for h in message.holders),
+        batch_choice=part("batch_choice", lambda b: _from_message(BatchChoice, b)),
     )
+
+
+def _optional(convert: Callable[[Any], M], value: Any) -> M | None:
+    return None if value is None else convert(value)
 
 
 # ---- cluster ---------------------------------------------------------------------------------
@@ -475,73 +353,34 @@ def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
 
 def node_to_proto(node: NodeStatus) -> spb.NodeStatus:
     """The API message of a node's status."""
-    out = spb.NodeStatus(
-        node=pb.Node(
-            name=node.name,
-            address=node.address,
-            gpus=node.gpus,
-            gpu_type=node.gpu_type,
-            labels=dict(node.labels),
-        ),
-        allocated_gpus=node.allocated_gpus,
-        jobs=list(node.jobs),
-    )
-    time_to_proto(node.register_time, out.node.register_time)
-    return out
+    return _to_message(node, spb.NodeStatus(), node=_to_message(node, pb.Node()))
 
 
 def node_from_proto(message: spb.NodeStatus) -> NodeStatus:
-    """A node's status from its API message."""
-    node = message.node
-    return NodeStatus(
-        name=node.name,
-        address=node.address,
-        gpus=node.gpus,
-        gpu_type=node.gpu_type,
-        labels=dict(node.labels),
-        register_time=time_from_proto(node, "register_time"),
-        allocated_gpus=message.allocated_gpus,
-        jobs=tuple(message.jobs),
-    )
+    """A node's status from its API message (the node's own fields are in `node`)."""
+    return _from_message(NodeStatus, message.node, message)
 
 
 def cluster_to_proto(status: ClusterStatus) -> spb.ClusterStatusResponse:
     """The ClusterStatus reply that carries `status`."""
-    return spb.ClusterStatusResponse(
+    return _to_message(
+        status,
+        spb.ClusterStatusResponse(),
         nodes=[node_to_proto(n) for n in status.nodes],
-        agents=[pb.Member(id=a.id, address=a.address) for a in status.agents],
-        leader_id=status.leader_id,
-        leader_address=status.leader_address,
-        total_gpus=status.total_gpus,
-        allocated_gpus=status.allocated_gpus,
-        jobs_by_state=dict(status.jobs_by_state),
-        last_round=status.last_round,
-        answered_by=status.answered_by,
+        agents=[_to_message(a, pb.Member()) for a in status.agents],
     )
 
 
 def cluster_from_proto(message: spb.ClusterStatusResponse) -> ClusterStatus:
     """The cluster status from a ClusterStatus reply."""
-    return ClusterStatus(
+    return _from_message(
+        ClusterStatus,
+        message,
         nodes=tuple(node_from_proto(n) for n in message.nodes),
-        agents=tuple(Member(id=a.id, address=a.address) for a in message.agents),
-        leader_id=message.leader_id,
-        leader_address=message.leader_address,
-        total_gpus=message.total_gpus,
-        allocated_gpus=message.allocated_gpus,
-        jobs_by_state=dict(message.jobs_by_state),
-        last_round=message.last_round,
-        answered_by=message.answered_by,
-        warnings=tuple(message.warnings),
+        agents=tuple(_from_message(Member, a) for a in message.agents),
     )
 
 
 def estimate_from_proto(message: spb.EstimateJobResponse) -> JobEstimate:
     """A job estimate from an EstimateJob reply."""
-    return JobEstimate(
-        predicted_jct_s=message.predicted_jct_s,
-        predicted_completion=time_from_proto(message, "predicted_completion"),
-        reference_job_id=message.reference_job_id,
-        work=message.work,
-        rounds=message.rounds,
-    )
+    return _from_message(JobEstimate, message)

@@ -17,6 +17,7 @@ completion script made from this parser (`pollux.client.completion`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -24,11 +25,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 
-from pollux.client import cli_admin, cli_jobs, completion
+from pollux import jobspec
+from pollux.client import cli_admin, cli_jobs, cli_sweep, completion
 from pollux.client import format as fmt
 from pollux.client.client import Client
 from pollux.client.config import (
@@ -38,15 +40,20 @@ from pollux.client.config import (
     parse_servers,
     resolve,
 )
-from pollux.client.errors import InvalidArgumentError, PolluxError, UnreachableError
+from pollux.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    PolluxError,
+    UnreachableError,
+)
 from pollux.client.types import (
     JOB_STATES,
     SCALING_RULES,
     TERMINAL_STATES,
     JobSpec,
-    Mount,
     read_job_file,
 )
+from pollux.jobspec import Mount
 
 SERVER_ENV = "POLLUX_SERVER"
 EXIT_ERROR = 1
@@ -60,15 +67,12 @@ T = TypeVar("T")
 class SpecFlag(NamedTuple):
     """A job-file key that a flag of `submit`/`estimate` sets: one name for one setting.
 
-    The flag is the key with dashes (`flag`), so a user who knows one knows the other; the
-    API's field path (`api_field`) is translated back to the key in the errors the CLI prints.
+    The flag is the key with dashes (`flag`), so a user who knows one knows the other; its
+    type and help come from the job-spec contract's table (`pollux.jobspec.FIELDS`), and the
+    API's field path of the key is translated back to the key in the errors the CLI prints.
     """
 
     key: str
-    kind: Callable[[str], Any]
-    help: str
-    api_field: str = ""
-    """Path of the field in the API's JobSpec when it is not ``spec.<key>``."""
     old_flag: str = ""
     """A former spelling, still accepted (hidden) with a deprecation warning."""
 
@@ -77,42 +81,26 @@ class SpecFlag(NamedTuple):
         """``--initial-batch-size`` for ``initial_batch_size``."""
         return "--" + self.key.replace("_", "-")
 
+    @property
+    def field(self) -> jobspec.Field:
+        """The key's entry in the job-spec contract."""
+        return jobspec.BY_KEY[self.key]
 
-# The single table of the spec's flag names, file keys and API field paths.
+
+# The keys that are flags of their own (env, labels, mounts, scaling_rule and the command have
+# flags of other shapes, below), with the former spellings still accepted.
 _SPEC_FLAGS: tuple[SpecFlag, ...] = (
-    SpecFlag("name", str, "job name: 1-63 of [a-z0-9-], starting with a letter"),
-    SpecFlag(
-        "initial_batch_size",
-        int,
-        "initial total batch size M0 (LR tuned for it)",
-        "spec.batch.initial_batch_size",
-        "--batch-size",
-    ),
-    SpecFlag(
-        "max_batch_size", int, "largest total batch (default: M0)", "spec.batch.max_batch_size"
-    ),
-    SpecFlag(
-        "min_local_batch_size", int, "smallest per-GPU batch", "spec.batch.min_local_batch_size"
-    ),
-    SpecFlag(
-        "max_local_batch_size",
-        int,
-        "largest per-GPU batch (memory)",
-        "spec.batch.max_local_batch_size",
-    ),
-    SpecFlag("max_replicas", int, "most GPUs the job may use (default: no limit)"),
-    SpecFlag("max_failures", int, "failed replica exits tolerated (default 3)"),
-    SpecFlag(
-        "stop_grace_s", int, "seconds from SIGTERM to SIGKILL (default 30)", old_flag="--stop-grace"
-    ),
-    SpecFlag("working_dir", str, "working directory of every replica", old_flag="--workdir"),
-    SpecFlag("image", str, "OCI image the replicas run in (the launcher needs a runtime)"),
-    SpecFlag(
-        "shm_size_mb",
-        int,
-        "container /dev/shm size in MiB (default: runtime's)",
-        old_flag="--shm-size",
-    ),
+    SpecFlag("name"),
+    SpecFlag("initial_batch_size", "--batch-size"),
+    SpecFlag("max_batch_size"),
+    SpecFlag("min_local_batch_size"),
+    SpecFlag("max_local_batch_size"),
+    SpecFlag("max_replicas"),
+    SpecFlag("max_failures"),
+    SpecFlag("stop_grace_s", "--stop-grace"),
+    SpecFlag("working_dir", "--workdir"),
+    SpecFlag("image"),
+    SpecFlag("shm_size_mb", "--shm-size"),
 )
 
 
@@ -137,7 +125,6 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-_MAP_ENTRY = re.compile(r"^(env|secret_env|labels)\[(.*)\]$")
 _API_PATH = re.compile(r"\bspec(?:\.[a-z_]+)+")
 
 
@@ -148,13 +135,7 @@ def file_key_path(field: str) -> str:
     (as the client's own checks name it); a path outside the spec (``request_id``) is
     returned as it is.
     """
-    for flag in _SPEC_FLAGS:
-        api = flag.api_field
-        if api and (field == api or field.startswith((f"{api}.", f"{api}["))):
-            return flag.key + field[len(api) :]
-    if not field.startswith("spec."):
-        return field
-    return _MAP_ENTRY.sub(r"\1.\2", field.removeprefix("spec."))
+    return jobspec.file_path_of(field)
 
 
 def _file_names(text: str) -> str:
@@ -213,6 +194,39 @@ def job_state(text: str) -> str:
 
 # ---- parser ----------------------------------------------------------------------------------
 
+# Flags people bring from other schedulers, and what to use instead.
+_FOREIGN_FLAGS: dict[str, str] = {
+    "--gpus": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--gpu": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--num-gpus": "Pollux chooses each job's GPU count as it trains; --max-replicas N caps it",
+    "--nodes": "Pollux places a job's replicas on nodes itself; --max-replicas N caps its GPUs",
+    "--batch-size": "--initial-batch-size N is the job's initial total batch size",
+}
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors also say what the user probably meant."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + "".join(f"\n  hint: {h}" for h in usage_hints(message)))
+
+
+def usage_hints(message: str) -> list[str]:
+    """Hints for an argparse usage error: the flag to use instead, the command meant."""
+    hints = []
+    if message.startswith("unrecognized arguments:"):
+        for word in message.split(":", 1)[1].split():
+            if (hint := _FOREIGN_FLAGS.get(word.split("=", 1)[0])) is not None:
+                hints.append(f"{word.split('=', 1)[0]}: {hint}")
+    if (found := _INVALID_CHOICE.search(message)) is not None:
+        choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+        close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]!r}?")
+    return hints
+
+
 DISTRIBUTION = "pollux-client"
 """The distribution that installs pollux-cli (client/pyproject.toml)."""
 
@@ -221,7 +235,10 @@ _COMPLETION_HINTS: dict[str, tuple[str, ...]] = {
     "state": JOB_STATES,
     "file": (completion.FILES,),
     "working_dir": (completion.DIRS,),
+    "job": (completion.JOBS,),
 }
+_COMPLETED_JOBS = 200
+"""Newest jobs whose names and ids `pollux-cli __jobs` prints for shell completion."""
 
 
 def version() -> str:
@@ -278,10 +295,15 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     """A job's file and flags (submit, estimate)."""
     p.add_argument("-f", "--file", help="job file: YAML, JSON or TOML with JobSpec keys")
     for spec_flag in _SPEC_FLAGS:
-        kind = non_negative_int if spec_flag.kind is int else spec_flag.kind
-        metavar = "N" if spec_flag.kind is int else spec_flag.key.upper()
+        whole = spec_flag.field.kind is jobspec.Kind.COUNT
+        kind = non_negative_int if whole else str
+        metavar = "N" if whole else spec_flag.key.upper()
         p.add_argument(
-            spec_flag.flag, dest=spec_flag.key, type=kind, metavar=metavar, help=spec_flag.help
+            spec_flag.flag,
+            dest=spec_flag.key,
+            type=kind,
+            metavar=metavar,
+            help=spec_flag.field.summary,
         )
         if spec_flag.old_flag:
             p.add_argument(
@@ -293,7 +315,9 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
                 new_flag=spec_flag.flag,
                 help=argparse.SUPPRESS,
             )
-    p.add_argument("--scaling-rule", choices=SCALING_RULES, help="LR scaling rule")
+    p.add_argument(
+        "--scaling-rule", choices=SCALING_RULES, help=jobspec.BY_KEY["scaling_rule"].summary
+    )
     p.add_argument(
         "--env", type=key_value, action="append", default=[], metavar="K=V", help="repeatable"
     )
@@ -314,12 +338,27 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`nodes`, `dashboard` and `top`: the cluster rather than one job."""
+    command("nodes", "list nodes with GPUs used/total and their jobs")
+    dashboard = command("dashboard", "print the web dashboard's address")
+    dashboard.add_argument(
+        "--link",
+        action="store_true",
+        help="a one-click sign-in link: your token in the address's #fragment (never sent to "
+        "the server, but visible on your screen and in the browser's history)",
+    )
+    top = command("top", "refreshing cluster view (Ctrl-C to quit)")
+    top.add_argument(
+        "--interval", type=positive_float, default=2.0, metavar="SECONDS", help="default 2"
+    )
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; `environ` supplies POLLUX_SERVER (default: os.environ)."""
     env = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(
-        prog="pollux-cli", description="Submit and inspect jobs on a Pollux cluster."
-    )
+    parser = _Parser(prog="pollux-cli", description="Submit and inspect jobs on a Pollux cluster.")
     _add_globals(parser, env, sub=False)
     parser.add_argument(
         "--version", action="version", version=f"pollux-cli {version()}", help="print the version"
@@ -412,18 +451,15 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     explain = command("explain", "why a job has the GPUs and batch size it has")
     explain.add_argument("job", metavar="JOB")
 
-    command("nodes", "list nodes with GPUs used/total and their jobs")
-
-    top = command("top", "refreshing cluster view (Ctrl-C to quit)")
-    top.add_argument(
-        "--interval", type=positive_float, default=2.0, metavar="SECONDS", help="default 2"
-    )
-    top.add_argument("--once", action="store_true", help="print one screen and exit")
+    _add_cluster_commands(command)
 
     def sub_parsers(parent: argparse.ArgumentParser, **kwargs: Any) -> Any:
         return parent.add_subparsers(**kwargs)
 
     cli_admin.add_commands(command, sub_parsers)
+    cli_sweep.add_commands(command)
+    # For the completion scripts only: no help, so it is neither listed nor completed.
+    _add_globals(sub.add_parser(completion.JOBS_COMMAND), env, sub=True)
     shell = command(
         "completion",
         "print a shell completion script: source <(pollux-cli completion bash), or zsh",
@@ -462,6 +498,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         argv = argv[1:]
     if argv:
         data["command"] = argv
+    if not data.get("working_dir") and not data.get("image"):
+        # Where the user submitted from, as a shell runs a command: not the launcher's own
+        # directory. A job in a container starts in its image's directory instead.
+        data["working_dir"] = os.getcwd()
     return JobSpec.from_mapping(data)
 
 
@@ -489,6 +529,7 @@ def _now() -> datetime:
 
 def _submit(args: argparse.Namespace, client: Client) -> int | None:
     job = client.submit(spec_from_args(args), request_id=args.request_id)
+    args.submitted = job.id
     _emit(args, job, fmt.submitted_text)
     if args.follow or args.wait:
         return cli_jobs.follow_job(client, job.id, logs=args.follow, history_from=0, raw=args.raw)
@@ -530,9 +571,19 @@ def _logs(args: argparse.Namespace, client: Client) -> None:
             client, args.job, rank=args.rank, tail_lines=args.tail, since=args.since, raw=args.raw
         )
         return
-    for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
-        for line in chunk.lines:
-            print(fmt.for_terminal(line, raw=args.raw))
+    try:
+        for chunk in client.log_chunks(args.job, args.rank, tail_lines=args.tail, since=args.since):
+            for line in chunk.lines:
+                print(fmt.for_terminal(line, raw=args.raw))
+    except NotFoundError as error:
+        job = client.get_job(args.job)  # a job that does not exist: its own NOT_FOUND
+        if job.is_terminal:
+            raise
+        raise NotFoundError(
+            f"job {job.spec.name or job.id} is {job.state} and rank {args.rank} has no log yet "
+            f"(no replica started); pollux-cli logs -f {job.id} waits for it",
+            error.code,
+        ) from error
 
 
 def _cancel(args: argparse.Namespace, client: Client) -> None:
@@ -555,6 +606,28 @@ def _nodes(args: argparse.Namespace, client: Client) -> None:
     _emit(args, cluster, fmt.nodes_table, data=cluster.nodes)
 
 
+def _dashboard(args: argparse.Namespace, client: Client) -> int | None:
+    url = client.cluster_status().dashboard_url
+    if not url:
+        print(
+            "error: the scheduler that answered serves no dashboard (its dashboard_listen "
+            "setting is empty; pollux-up serves one)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    token = getattr(args, "token", None) if args.link else None
+    _print(args, f"{url}#token={token}" if token else url)
+    return None
+
+
+def _jobs_for_completion(args: argparse.Namespace, client: Client) -> None:
+    """The newest jobs' names, then their ids, one a line (what `@jobs` completes)."""
+    jobs = list(client.list_jobs(newest_first=True, limit=_COMPLETED_JOBS))
+    words = dict.fromkeys([j.spec.name for j in jobs if j.spec.name] + [j.id for j in jobs])
+    for word in words:
+        print(fmt.for_terminal(word, raw=False))
+
+
 def _top(args: argparse.Namespace, client: Client) -> None:
     active = [s for s in JOB_STATES if s not in TERMINAL_STATES]
     clear = sys.stdout.isatty() and not args.once and args.output == "table"
@@ -562,8 +635,8 @@ def _top(args: argparse.Namespace, client: Client) -> None:
         cluster = client.cluster_status()
         jobs = list(client.list_jobs(states=active))
         if args.output == "table":
-            shown = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
-            text = fmt.top_text(*shown, _now())
+            printable = (cluster, jobs) if args.raw else fmt.escaped((cluster, jobs))
+            text = fmt.top_text(*printable, _now())
         else:
             text = fmt.render_data({"cluster": cluster, "jobs": jobs}, args.output)
         text = fmt.for_terminal(text, raw=args.raw)
@@ -586,8 +659,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int | None]] = {
     "delete": _delete,
     "explain": _explain,
     "nodes": _nodes,
+    "dashboard": _dashboard,
     "top": _top,
+    completion.JOBS_COMMAND: _jobs_for_completion,
     **cli_admin.COMMANDS,
+    **cli_sweep.COMMANDS,
 }
 
 
@@ -650,6 +726,7 @@ def _connect(args: argparse.Namespace) -> Client:
     except ServerAddressError as error:
         raise ValueError(f"{context.server_from}: {error}") from error
     args.server_from = context.server_from
+    args.token = context.token  # for `dashboard --link`, which prints it on request
     credentials = None
     if context.ca_file is not None:
         try:
@@ -691,6 +768,13 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
         print(fmt.for_terminal(lines, raw=args.raw), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        if getattr(args, "follow", False) or getattr(args, "wait", False):
+            job = getattr(args, "job", None) or getattr(args, "submitted", None) or "the job"
+            print(
+                f"\ninterrupted: {job} goes on running (pollux-cli logs -f to follow it again, "
+                "pollux-cli cancel to stop it)",
+                file=sys.stderr,
+            )
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`pollux-cli logs JOB | head`); stop quietly, and keep Python

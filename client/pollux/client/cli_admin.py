@@ -15,6 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from pollux.client import format as fmt
+from pollux.client.cli_jobs import since_time
 from pollux.client.client import Client
 
 Command = Callable[[str, str], argparse.ArgumentParser]
@@ -45,13 +46,34 @@ def _day(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is not a day like 2026-11-01") from None
 
 
+def _since(text: str) -> datetime:
+    """``--since`` of `usage`: a UTC day, or what ``logs --since`` takes (an argparse type)."""
+    try:
+        return _day(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        return since_time(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a day (2026-11-01), a duration (90m, 2h, 7d) nor an ISO 8601 "
+            "time (2026-11-24T09:00)"
+        ) from None
+
+
 def add_commands(command: Command, sub_parsers: Callable[..., Any]) -> None:
     """Add `whoami`, `usage` and the `admin` tree to the CLI's parser."""
     command("whoami", "who the scheduler takes you for")
     usage = command("usage", "GPU-hours and goodput-hours per tenant and user")
     usage.add_argument("--tenant", default="", help="only this tenant (admins)")
     usage.add_argument("--user", default="", help="only this user (admins; users see their own)")
-    usage.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="from this day (UTC)")
+    usage.add_argument(
+        "--since",
+        type=_since,
+        metavar="DAY|DURATION|TIME",
+        help="from this day (UTC, YYYY-MM-DD), or since 90m, 2h, 7d ago, or an ISO 8601 time "
+        "(as logs --since); usage is kept per day, so this counts from that day's start",
+    )
 
     admin = command("admin", "manage tokens and tenants, read the audit log (admin role)")
     areas = sub_parsers(admin, dest="admin_area", required=True, metavar="AREA")
@@ -92,19 +114,19 @@ def _data(message: Message) -> dict[str, Any]:
 
 
 def _emit(args: argparse.Namespace, data: Any, table: Callable[[], str]) -> None:
-    """Print `table()` (its cells escaped unless ``--raw``: `_shown`), or `data` as JSON/YAML."""
+    """Print `table()` (its cells escaped unless ``--raw``: `_escaped`), or `data` as JSON/YAML."""
     text = table() if args.output == "table" else fmt.render_data(data, args.output)
     print(fmt.for_terminal(text, raw=args.raw), flush=True)
 
 
-def _shown(args: argparse.Namespace, value: T) -> T:
+def _escaped(args: argparse.Namespace, value: T) -> T:
     """`value` (messages, lists of them) with every string escaped, unless ``--raw``."""
     return value if args.raw else fmt.escaped(value)
 
 
 def _whoami(args: argparse.Namespace, client: Client) -> None:
     got = client.whoami()
-    me = _shown(args, got)
+    me = _escaped(args, got)
     _emit(
         args,
         _data(got),
@@ -116,7 +138,7 @@ def _whoami(args: argparse.Namespace, client: Client) -> None:
 
 def _usage(args: argparse.Namespace, client: Client) -> None:
     got = client.usage(tenant=args.tenant, user=args.user, since=args.since)
-    rows = _shown(args, got)
+    rows = _escaped(args, got)
     _emit(
         args,
         [_data(r) for r in got],
@@ -145,7 +167,7 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
             ttl_s=args.ttl,
             description=args.description,
         )
-        made = _shown(args, got)
+        made = _escaped(args, got)
         _emit(
             args,
             {"token": _data(got.token), "secret": got.secret},
@@ -156,10 +178,10 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         )
     elif area == "token" and action == "revoke":
         client.revoke_token(args.token_id)
-        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {_shown(args, args.token_id)}")
+        _emit(args, {"revoked": args.token_id}, lambda: f"revoked {_escaped(args, args.token_id)}")
     elif area == "token":
         got_tokens = client.list_tokens(args.user)
-        tokens = _shown(args, got_tokens)
+        tokens = _escaped(args, got_tokens)
         _emit(
             args,
             [_data(t) for t in got_tokens],
@@ -182,14 +204,14 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         stored = client.put_tenant(
             args.name, guarantee_gpus=args.guarantee, weight=args.weight, cap_gpus=args.cap
         )
-        name = _shown(args, stored.name)
+        name = _escaped(args, stored.name)
         _emit(args, _data(stored), lambda: f"tenant {name} saved")
     elif area == "tenant" and action == "rm":
         client.delete_tenant(args.name)
-        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {_shown(args, args.name)}")
+        _emit(args, {"deleted": args.name}, lambda: f"deleted tenant {_escaped(args, args.name)}")
     elif area == "tenant":
         got_tenants = client.list_tenants()
-        tenants = _shown(args, got_tenants)
+        tenants = _escaped(args, got_tenants)
         _emit(
             args,
             [_data(t) for t in got_tenants],
@@ -200,7 +222,7 @@ def _admin(args: argparse.Namespace, client: Client) -> None:
         )
     else:
         got_records = client.audit(args.limit)
-        records = _shown(args, got_records)
+        records = _escaped(args, got_records)
         _emit(
             args,
             [_data(r) for r in got_records],

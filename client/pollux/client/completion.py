@@ -7,8 +7,9 @@ needs no argcomplete at run time: completing is pure shell, without starting Pyt
 Both scripts share one shell function, ``_pollux_cli_candidates WORD... CURRENT``, written in
 the subset of shell that bash and zsh agree on. It walks the words before the cursor to find
 the (sub)command they name, skipping each flag's value, and prints what may come next: one
-candidate a line, ``NAME`` or ``NAME:HELP``, or ``@files`` / ``@dirs`` for a path. The
-per-shell wrappers only turn those lines into bash's ``COMPREPLY`` or zsh's ``_describe``.
+candidate a line, ``NAME`` or ``NAME:HELP``, ``@files`` / ``@dirs`` for a path, or
+``@jobs`` for a job (names and ids the scheduler gives the hidden ``pollux-cli __jobs``).
+The per-shell wrappers only turn those lines into bash's ``COMPREPLY`` or zsh's ``_describe``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ FILES = "@files"
 """A value hint: complete file names."""
 DIRS = "@dirs"
 """A value hint: complete directory names."""
+JOBS = "@jobs"
+"""A positional hint: complete job names and ids (asked of the scheduler: `JOBS_COMMAND`)."""
+JOBS_COMMAND = "__jobs"
+"""The hidden command that prints the caller's jobs for completion, one name or id a line."""
 
 _FUNCTION = "_pollux_cli"
 
@@ -40,6 +45,8 @@ class _Level:
     """Every flag, hidden ones too, whose next word is its value."""
     values: dict[str, list[str]] = field(default_factory=dict)
     """Candidates of a flag's value: its choices, or a hint (`FILES`, `DIRS`, a list)."""
+    positional: str = ""
+    """A hint for the command's positional argument (`JOBS`), if it has one."""
 
 
 def _short(text: str | None) -> str:
@@ -57,11 +64,15 @@ def _levels(
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help for a in action._choices_actions}
             for name, child in action.choices.items():
+                if name.startswith("__"):
+                    continue  # hidden commands (JOBS_COMMAND) are not offered
                 level.commands.append((name, _short(helps.get(name))))
                 children.append((name, child))
             continue
         if not action.option_strings:
             level.commands.extend((str(c), "") for c in action.choices or ())
+            if not action.choices and hints.get(action.dest) == (JOBS,):
+                level.positional = JOBS
             continue
         visible = action.help != argparse.SUPPRESS
         if visible:
@@ -110,6 +121,9 @@ def _tables(levels: Sequence[_Level]) -> str:
         for lv in levels
         for flag, vals in lv.values.items()
     ]
+    positional = [
+        f"    {_quote(lv.path)}) echo {lv.positional} ;;" for lv in levels if lv.positional
+    ]
     return "\n".join(
         [
             f"{_FUNCTION}_commands() {{",
@@ -140,6 +154,12 @@ def _tables(levels: Sequence[_Level]) -> str:
             *values,
             "  esac",
             "}",
+            f"{_FUNCTION}_positional() {{",
+            '  case "$1" in',
+            *positional,
+            "    *) return 1 ;;",
+            "  esac",
+            "}",
         ]
     )
 
@@ -167,7 +187,7 @@ _CANDIDATES = """\
   case $word in
     -*=*) {name}_values "$cmd" "${{word%%=*}}" ;;
     -*) {name}_options "$cmd" ;;
-    *) {name}_commands "$cmd" || {name}_options "$cmd" ;;
+    *) {name}_commands "$cmd" || {name}_positional "$cmd" || {name}_options "$cmd" ;;
   esac
   return 0
 }}"""
@@ -195,6 +215,12 @@ _BASH = """\
   [[ $cur == -*=* ]] && cur=${{cur#*=}}
   while IFS= read -r line; do
     case $line in
+      @jobs)
+        # The scheduler's answer (a second at most); nothing when it cannot be asked.
+        while IFS= read -r word; do
+          [[ $word == "$cur"* ]] && COMPREPLY+=("$word")
+        done < <(pollux-cli --timeout 2 {jobs} 2>/dev/null)
+        ;;
       @files | @dirs)
         compopt -o filenames 2>/dev/null
         while IFS= read -r word; do COMPREPLY+=("$word"); done < <(
@@ -223,6 +249,11 @@ _ZSH = """\
   case ${{lines[1]-}} in
     @files) _files; return ;;
     @dirs) _files -/; return ;;
+    @jobs)
+      local -a jobs
+      jobs=(${{(f)"$(pollux-cli --timeout 2 {jobs} 2>/dev/null)"}})
+      compadd -a jobs
+      return ;;
   esac
   (( ${{#lines}} )) || return 1
   # The value of --flag=VALUE: complete after the "=".
@@ -253,12 +284,14 @@ def script(parser: argparse.ArgumentParser, shell: str, hints: Mapping[str, Sequ
     tables = _tables(levels)
     if shell == "bash":
         return _BASH.format(
+            jobs=JOBS_COMMAND,
             name=_FUNCTION,
             tables=tables,
             candidates=_CANDIDATES.format(name=_FUNCTION, setup=""),
         )
     if shell == "zsh":
         return _ZSH.format(
+            jobs=JOBS_COMMAND,
             name=_FUNCTION,
             tables=tables,
             candidates=_CANDIDATES.format(name=_FUNCTION, setup="emulate -L zsh\n  "),

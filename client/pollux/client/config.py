@@ -1,21 +1,17 @@
 """Where `pollux-cli` connects and as whom: contexts in ``~/.config/pollux/config.toml``.
 
-Like kubectl's kubeconfig, the file names contexts — a scheduler address, the CA that signed
-its certificate, and a token — and which one is current. `pollux-up` writes one for the
-cluster it starts, so `pollux-cli` works against it with no flags::
+Like kubectl's kubeconfig, the file names contexts and the current one; `pollux-up` writes one
+for its cluster, so `pollux-cli` works against it with no flags::
 
     current_context = "local"
-
     [contexts.local]
-    server = "127.0.0.1:7070"
-    ca_file = "/home/me/.local/share/pollux/pki/ca.pem"
+    server = "127.0.0.1:7070"  # HOST:PORT[,HOST:PORT...] (`parse_servers`)
+    ca_file = "/home/me/.local/share/pollux/pki/ca.pem"  # the CA of its certificate
     token = "pollux_0123456789ab_..."
 
-Each setting is taken from, first to last: a flag (``--server``, ``--context``), the
-environment (``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the
-context, the default (``127.0.0.1:7070``, plaintext). The file holds a secret: it is written
-0600 and a token is never taken from the command line (it would show in ``ps``). A server,
-wherever it comes from, is ``HOST:PORT[,HOST:PORT...]`` (`parse_servers`).
+A setting comes from, first to last: a flag (``--server``, ``--context``), the environment
+(``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the context, the
+default (``127.0.0.1:7070``, plaintext). The file is 0600; no token is taken from a flag.
 """
 
 from __future__ import annotations
@@ -182,6 +178,12 @@ def resolve(
         token=environ.get("POLLUX_TOKEN") or chosen.get("token") or None,
         server_from=origin,
     )
+
+
+def current_context(path: Path) -> str | None:
+    """The config file's ``current_context``; None if the file or the key is missing."""
+    value = _read(path).get("current_context")
+    return value if isinstance(value, str) else None
 
 
 def write_context(path: Path, name: str, context: Context, *, current: bool = True) -> None:

@@ -5,8 +5,10 @@ never see protobuf messages (Temporal's layering). Enumerations are plain string
 ("PENDING", "adascale") so that values print, compare and serialise without ceremony. Times are
 timezone-aware UTC `datetime` objects, or None where the server did not set them.
 
-Job files (YAML, JSON or TOML) are flat mappings whose keys are the `JobSpec` field names;
-`JobSpec.from_mapping` checks every key and reports every problem at once, each naming its key.
+Job files (YAML, JSON or TOML) are flat mappings whose keys are the `JobSpec` field names
+(docs/job-file.md); `JobSpec.from_mapping` reads every key and checks the values by the
+job-spec contract the scheduler applies (`pollux.jobspec`), so a spec the server would refuse
+is refused before it is sent, every problem at once, each naming its key in the server's words.
 """
 
 from __future__ import annotations
@@ -15,23 +17,27 @@ import dataclasses
 import difflib
 import json
 import os
-import re
 import shlex
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 
+from pollux import checks, jobspec
+from pollux.checks import described
 from pollux.client.errors import JobSpecError
+from pollux.jobspec import Kind, Mount, wire
+from pollux.terminal import quoted
 
 ScalingRule = Literal["adascale", "linear", "sqrt", "none"]
 """How the training library scales the learning rate with the batch size."""
 
-SCALING_RULES: tuple[str, ...] = get_args(ScalingRule)
+SCALING_RULES: tuple[str, ...] = jobspec.SCALING_RULES
+"""The values of `ScalingRule` (a test holds the two together)."""
 
 JOB_STATES: tuple[str, ...] = (
     "PENDING",
@@ -46,40 +52,6 @@ JOB_STATES: tuple[str, ...] = (
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 """States a job never leaves."""
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A host directory bind-mounted into a job's container (only with `JobSpec.image`).
-
-    The launcher runs the job only when `host_path` lies under one of its
-    ``container_mounts_allowed`` prefixes; the server checks both paths are absolute.
-    """
-
-    host_path: str
-    """Absolute path on the node."""
-    container_path: str
-    """Absolute path inside the container."""
-    read_only: bool = False
-    """Mount read-only."""
-
-    @classmethod
-    def parse(cls, text: str) -> Mount:
-        """Parse ``SRC:DST`` or ``SRC:DST:ro`` (``:rw`` is accepted and is the default).
-
-        Raises:
-            ValueError: `text` is not of that form, saying what is wrong.
-        """
-        parts = text.split(":")
-        mode = parts.pop() if len(parts) == 3 else "rw"
-        if len(parts) != 2 or not all(parts) or mode not in ("ro", "rw"):
-            raise ValueError(
-                f"{text!r} is not SRC:DST[:ro] (two absolute paths, no ':' inside either)"
-            )
-        return cls(parts[0], parts[1], read_only=mode == "ro")
-
-    def __str__(self) -> str:
-        return f"{self.host_path}:{self.container_path}" + (":ro" if self.read_only else "")
 
 
 @dataclass(frozen=True)
@@ -462,6 +434,8 @@ class ClusterStatus:
     """Scheduler replica that answered."""
     warnings: tuple[str, ...] = ()
     """What is wrong with the cluster's state store now (etcd out of space), one line each."""
+    dashboard_url: str = ""
+    """The answering replica's web dashboard; empty when it serves none."""
 
     @property
     def free_gpus(self) -> int:
@@ -471,19 +445,21 @@ class ClusterStatus:
 
 # ---- job files -------------------------------------------------------------------------------
 
-_INT_KEYS = (
-    "initial_batch_size",
-    "max_batch_size",
-    "min_local_batch_size",
-    "max_local_batch_size",
-    "max_replicas",
-    "max_failures",
-    "stop_grace_s",
-    "shm_size_mb",
-)
-_REQUIRED = ("name", "command", "initial_batch_size")
-SPEC_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobSpec))
-"""Keys a job file may contain (the `JobSpec` field names)."""
+SPEC_KEYS: tuple[str, ...] = jobspec.KEYS
+"""Keys a job file may contain (the `JobSpec` field names; a test holds the two together)."""
+
+_RENAMED = {
+    "batch_size": "initial_batch_size",
+    "workdir": "working_dir",
+    "stop_grace": "stop_grace_s",
+    "shm_size": "shm_size_mb",
+    "label": "labels",
+    "mount": "mounts",
+}
+"""Names a user may reach for (former flags, singulars) and the key meant."""
+
+Problems = list[tuple[str, str]]
+"""(key path, what to fix) pairs, in the order found."""
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:
@@ -523,168 +499,163 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
 
 
 def _spec_from_mapping(data: Mapping[str, Any]) -> JobSpec:
+    """Read each key by its kind, then check what was read by the contract."""
     if not isinstance(data, Mapping):
-        raise JobSpecError("a job spec must be a mapping", [("", f"got {_kind(data)}")])
-    problems: list[tuple[str, str]] = []
+        raise JobSpecError("a job spec must be a mapping", [("", f"got {described(data)}")])
+    problems: Problems = []
     for key in data:
         if not isinstance(key, str) or key not in SPEC_KEYS:
             problems.append((str(key), _unknown_key(key, data[key])))
-    problems.extend((key, "required key is missing") for key in _REQUIRED if data.get(key) is None)
-    values: dict[str, Any] = {}
-    for key in ("name", "working_dir"):
-        if (text := data.get(key)) is not None:
-            values[key] = _string(key, text, problems)
-    if (command := data.get("command")) is not None:
-        values["command"] = _command(command, problems)
-    for key in _INT_KEYS:
-        if (value := data.get(key)) is not None:
-            values[key] = _count(key, value, problems)
-    if (rule := data.get("scaling_rule")) is not None:
-        values["scaling_rule"] = _scaling_rule(rule, problems)
-    for key in ("env", "labels", "secret_env"):
-        if (mapping := data.get(key)) is not None:
-            values[key] = _string_map(key, mapping, problems)
-    _container_keys(data, values, problems)
-    _check_values(values, problems)
+    problems.extend(
+        (key, "required key is missing") for key in jobspec.REQUIRED if data.get(key) is None
+    )
+    read: dict[str, Any] = {}
+    for spec_field in jobspec.FIELDS:
+        if (value := data.get(spec_field.key)) is not None:
+            read[spec_field.key] = _READERS[spec_field.kind](spec_field, value, problems)
+    readable = _readable(read, problems)
+    # A key left out has its default; one given but unreadable is left out, so that no rule
+    # across keys guesses its value (an image given as a list is not "no image").
+    unreadable = set(read) - set(readable)
+    values = {**{k: v for k, v in _DEFAULTS.items() if k not in unreadable}, **readable}
+    problems.extend((found.file_path, found.problem) for found in jobspec.check(values))
+    if not problems and (too_large := wire.size_problem(values)):
+        problems.append(("spec", too_large))
     if problems:
-        keys = ", ".join(dict.fromkeys(k for k, _ in problems))
+        keys = ", ".join(dict.fromkeys(k or "(spec)" for k, _ in problems))
         raise JobSpecError(f"invalid job spec ({keys})", problems)
-    return JobSpec(**values)
+    return JobSpec(**read)
 
 
-def _kind(value: Any) -> str:
-    return "nothing" if value is None else type(value).__name__
+_DEFAULTS: Mapping[str, Any] = {
+    f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+    for f in dataclasses.fields(JobSpec)
+    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+}
+"""The value of each key a job file may leave out."""
 
 
-def _string(key: str, value: Any, problems: list[tuple[str, str]]) -> str:
+def _readable(read: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
+    """The keys read without a type problem: these the contract checks.
+
+    A mapping keeps its readable entries, so only a mapping that is not one is left out; any
+    other key with a problem anywhere (``mounts[2]``, ``command``) is left out whole.
+    """
+    bad = {path for path, _ in problems}
+    return {
+        key: value
+        for key, value in read.items()
+        if key not in bad
+        and (
+            jobspec.BY_KEY[key].kind is Kind.NAMES
+            or not any(path.startswith((f"{key}[", f"{key}.")) for path in bad)
+        )
+    }
+
+
+def _string(spec_field: jobspec.Field, value: Any, problems: Problems) -> str:
+    try:
+        return checks.text(value)
+    except checks.Problem as problem:
+        problems.append((spec_field.key, str(problem)))
+        return ""
+
+
+def _choice(spec_field: jobspec.Field, value: Any, problems: Problems) -> str:
+    """A choice, case-insensitively (empty is the default)."""
     if isinstance(value, str):
-        return value
-    problems.append((key, f"expected a string, got {_kind(value)}"))
+        return value.lower() or str(_DEFAULTS[spec_field.key])
+    choices = ", ".join(spec_field.choices)
+    problems.append((spec_field.key, f"must be one of {choices}, got {described(value)}"))
     return ""
 
 
-def _scaling_rule(value: Any, problems: list[tuple[str, str]]) -> str:
-    if isinstance(value, str) and value.lower() in SCALING_RULES:
-        return value.lower()
-    problems.append(("scaling_rule", f"{value!r} is not one of {', '.join(SCALING_RULES)}"))
-    return "adascale"
-
-
-def _command(value: Any, problems: list[tuple[str, str]]) -> tuple[str, ...]:
+def _command(spec_field: jobspec.Field, value: Any, problems: Problems) -> tuple[str, ...]:
+    """An argv: a list of strings, or one string split like a POSIX shell would."""
     if isinstance(value, str):
         try:
-            parts = shlex.split(value)
+            return tuple(shlex.split(value))
         except ValueError as error:
-            problems.append(("command", f"cannot split {value!r}: {error}"))
-            return ()
+            problems.append((spec_field.key, f"cannot split {quoted(value)}: {error}"))
     elif isinstance(value, list | tuple) and all(isinstance(a, str) for a in value):
-        parts = list(value)
+        return tuple(value)
     else:
-        problems.append(("command", "expected a list of strings (argv) or one command string"))
-        return ()
-    if not parts:
-        problems.append(("command", "must name at least the program to run"))
-    return tuple(parts)
+        problems.append(
+            (
+                spec_field.key,
+                f"must be a list of strings (argv) or one command string, got {described(value)}",
+            )
+        )
+    return ()
 
 
-def _count(key: str, value: Any, problems: list[tuple[str, str]]) -> int:
-    # bool is an int subclass; `max_replicas: yes` is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.append((key, f"expected a whole number, got {_kind(value)} {value!r}"))
+def _count(spec_field: jobspec.Field, value: Any, problems: Problems) -> int:
+    """A whole number (its range is the contract's); `max_replicas: yes` is a mistake, not 1."""
+    try:
+        return checks.whole_number(value)
+    except checks.Problem as problem:
+        problems.append((spec_field.key, str(problem)))
         return 0
-    if value < 0:
-        problems.append((key, f"must be >= 0, got {value}"))
-        return 0
-    return value
 
 
-def _string_map(key: str, value: Any, problems: list[tuple[str, str]]) -> dict[str, str]:
+def _string_map(spec_field: jobspec.Field, value: Any, problems: Problems) -> dict[str, str]:
+    key = spec_field.key
     if not isinstance(value, Mapping):
-        problems.append((key, f"expected a mapping of names to strings, got {_kind(value)}"))
+        problems.append((key, f"must be a mapping of names to strings, got {described(value)}"))
         return {}
     out: dict[str, str] = {}
     for name, item in value.items():
+        path = jobspec.Violation(key, "", entry=str(name)).file_path
         if not isinstance(name, str):
-            problems.append((_entry(key, str(name)), "names must be strings"))
+            problems.append((path, "names must be strings"))
         elif isinstance(item, bool) or not isinstance(item, str | int | float):
-            problems.append(
-                (_entry(key, name), f"expected a string, got {_kind(item)} (quote the value)")
-            )
+            problems.append((path, f"must be a string, got {described(item)} (quote the value)"))
         else:
             out[name] = str(item)
     return out
 
 
-def _container_keys(
-    data: Mapping[str, Any], values: dict[str, Any], problems: list[tuple[str, str]]
-) -> None:
-    """Read `image` and `mounts` (`shm_size_mb` is one of the whole-number keys)."""
-    if (image := data.get("image")) is not None:
-        values["image"] = _string("image", image, problems)
-    if (mounts := data.get("mounts")) is not None:
-        values["mounts"] = _mounts(mounts, problems)
-
-
-def _mounts(value: Any, problems: list[tuple[str, str]]) -> tuple[Mount, ...]:
+def _mounts(spec_field: jobspec.Field, value: Any, problems: Problems) -> tuple[Mount, ...]:
+    """Mounts: each ``SRC:DST[:ro]``, or a mapping of host_path, container_path, read_only."""
+    key = spec_field.key
     if not isinstance(value, list | tuple):
-        problems.append(("mounts", f"expected a list of SRC:DST[:ro] entries, got {_kind(value)}"))
+        problems.append((key, f"must be a list of SRC:DST[:ro] entries, got {described(value)}"))
         return ()
     out: list[Mount] = []
     for i, item in enumerate(value):
-        key = f"mounts[{i}]"
+        path = f"{key}[{i}]"
         if isinstance(item, Mount):
             out.append(item)
         elif isinstance(item, str):
             try:
                 out.append(Mount.parse(item))
             except ValueError as error:
-                problems.append((key, str(error)))
+                problems.append((path, str(error)))
         elif isinstance(item, Mapping):
             unknown = sorted(set(map(str, item)) - {"host_path", "container_path", "read_only"})
             src, dst, ro = item.get("host_path"), item.get("container_path"), item.get("read_only")
             if unknown:
-                problems.append((key, f"unknown keys {', '.join(unknown)}"))
+                problems.append((path, f"unknown keys {', '.join(unknown)}"))
             elif not isinstance(src, str) or not isinstance(dst, str):
-                problems.append((key, "host_path and container_path must both be strings"))
+                problems.append((path, "host_path and container_path must both be strings"))
             elif ro is not None and not isinstance(ro, bool):
-                problems.append((key, f"read_only must be true or false, got {_kind(ro)}"))
+                problems.append((path, f"read_only must be true or false, got {described(ro)}"))
             else:
                 out.append(Mount(src, dst, read_only=bool(ro)))
         else:
-            problems.append((key, f"expected SRC:DST[:ro] or a mapping, got {_kind(item)}"))
+            problems.append((path, f"must be SRC:DST[:ro] or a mapping, got {described(item)}"))
     return tuple(out)
 
 
-# ---- values: the server's rules, checked here too ---------------------------------------------
-#
-# The scheduler validates every spec completely (services/scheduler/.../validation.py) and stays
-# the authority. The client checks the same rules on the keys it could read, so that one
-# submission reports type and value mistakes together instead of in two rounds (types here,
-# then values from the server). A test compares the two on the same bad specs.
-
-_NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-_LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,63}")
-_IMAGE = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@sha256:[a-f0-9]{64})?"
-)
-_MOUNT_PATH = re.compile(r"/[^:,\x00-\x1f\x7f]*")
-_MAX_BATCH = 1 << 24
-_MAPS = ("env", "labels", "secret_env")
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9._/-]{1,64}")
-_LIMITS = {"max_replicas": 4096, "max_failures": 1000, "stop_grace_s": 3600, "shm_size_mb": 1 << 20}
-_RENAMED = {
-    "batch_size": "initial_batch_size",
-    "workdir": "working_dir",
-    "stop_grace": "stop_grace_s",
-    "shm_size": "shm_size_mb",
-    "label": "labels",
-    "mount": "mounts",
+_READERS: Mapping[Kind, Callable[[jobspec.Field, Any, Problems], Any]] = {
+    Kind.TEXT: _string,
+    Kind.ARGV: _command,
+    Kind.COUNT: _count,
+    Kind.CHOICE: _choice,
+    Kind.NAMES: _string_map,
+    Kind.MOUNTS: _mounts,
 }
-"""Names a user may reach for (former flags, singulars) and the key meant."""
+"""How a job file writes each kind of value: the types YAML, JSON and TOML give."""
 
 
 def _unknown_key(key: object, value: Any) -> str:
@@ -694,127 +665,10 @@ def _unknown_key(key: object, value: Any) -> str:
     if text == "batch" and isinstance(value, Mapping):
         return (
             "unknown key: write the batch limits at the top level "
-            f"({', '.join(k for k in _INT_KEYS if 'batch' in k)})"
+            f"({', '.join(jobspec.BATCH_KEYS)})"
         )
     close = [normal] if normal in SPEC_KEYS else []
     close = close or ([_RENAMED[normal]] if normal in _RENAMED else [])
     close = close or difflib.get_close_matches(normal, SPEC_KEYS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown key{hint}; known keys: {', '.join(SPEC_KEYS)}"
-
-
-def _check_values(values: Mapping[str, Any], problems: list[tuple[str, str]]) -> None:
-    """Add the server's value rules broken by the keys read without a type problem."""
-    # A map holds only its readable entries, so only a map that is not one is skipped; any
-    # other key with a problem (mounts[2], command) is not checked again.
-    bad = {key for key, _ in problems}
-    bad |= {re.split(r"[.\[]", key, maxsplit=1)[0] for key in bad if key.split(".")[0] not in _MAPS}
-
-    def has(key: str) -> bool:
-        return key in values and key not in bad
-
-    def add(key: str, problem: str) -> None:
-        problems.append((key, problem))
-
-    if has("name") and not _NAME.fullmatch(values["name"]):
-        add(
-            "name",
-            f"{values['name']!r} must be 1-63 characters of [a-z0-9-] starting with a letter",
-        )
-    if has("command") and values["command"] and not values["command"][0]:
-        add("command[0]", "the program must not be empty")
-    _check_batch(values, has, add)
-    for key, top in _LIMITS.items():
-        if has(key) and values[key] > top:
-            add(key, f"must be at most {top}")
-    _check_maps(values, has, add)
-    _check_container(values, has, add, image_unreadable="image" in bad)
-
-
-def _check_maps(
-    values: Mapping[str, Any], has: Callable[[str], bool], add: Callable[[str, str], None]
-) -> None:
-    for key in ("env", "secret_env"):
-        for name in values[key] if has(key) else ():
-            if not _ENV_NAME.fullmatch(name):
-                add(
-                    _entry(key, name),
-                    "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-                )
-            elif name.startswith("POLLUX_"):
-                add(_entry(key, name), "POLLUX_* variables are set by the launcher; rename it")
-    if has("env") and has("secret_env"):
-        for name in sorted(set(values["env"]) & set(values["secret_env"])):
-            add(_entry("secret_env", name), "also in env; keep it in one of them")
-    for name, value in values["labels"].items() if has("labels") else ():
-        if not _LABEL_KEY.fullmatch(name):
-            add(_entry("labels", name), "label keys must be 1-63 characters of [A-Za-z0-9._/-]")
-        if len(value) > 256:
-            add(_entry("labels", name), "the value is longer than 256 characters")
-
-
-def _entry(key: str, name: str) -> str:
-    """``env.NAME`` for a plain name, ``env.'odd name'`` quoted otherwise (as the server)."""
-    return f"{key}.{name}" if _PLAIN_KEY.fullmatch(name) else f"{key}.{name!r}"
-
-
-def _check_batch(
-    values: Mapping[str, Any], has: Callable[[str], bool], add: Callable[[str, str], None]
-) -> None:
-    def get(key: str) -> int:
-        return int(values[key]) if has(key) else 0
-
-    m0 = get("initial_batch_size")
-    if has("initial_batch_size") and not 1 <= m0 <= _MAX_BATCH:
-        add("initial_batch_size", f"must be 1 to {_MAX_BATCH} (the batch your LR is tuned for)")
-        m0 = 0  # what follows from a bad M0 is not said again
-    top = get("max_batch_size")
-    if top and m0 and top < m0:
-        add("max_batch_size", f"{top} is below initial_batch_size {m0}: raise it or leave it 0")
-    if top > _MAX_BATCH:
-        add("max_batch_size", f"must be at most {_MAX_BATCH}")
-    top = top or m0
-    low, high = get("min_local_batch_size"), get("max_local_batch_size") or top
-    if low and high and low > high:
-        add("min_local_batch_size", f"{low} exceeds max_local_batch_size {high}")
-    if low and top and low > top:
-        add("min_local_batch_size", f"{low} exceeds the largest total batch {top}")
-
-
-def _check_container(
-    values: Mapping[str, Any],
-    has: Callable[[str], bool],
-    add: Callable[[str, str], None],
-    *,
-    image_unreadable: bool,
-) -> None:
-    image = values["image"] if has("image") else ""
-    if image and not _IMAGE.fullmatch(image):
-        add(
-            "image",
-            f"{image!r} is not an image reference [registry[:port]/]name[:tag]"
-            "[@sha256:<64 hex digits>] (name in lowercase, e.g. ghcr.io/org/train:1.2)",
-        )
-    if not image and not image_unreadable:
-        for key in ("shm_size_mb", "mounts"):
-            if has(key) and values[key]:
-                add(key, "only applies to a container: set image too, or leave it unset")
-    targets: set[str] = set()
-    for i, mount in enumerate(values["mounts"] if has("mounts") else ()):
-        for side in ("host_path", "container_path"):
-            path = getattr(mount, side)
-            if not _MOUNT_PATH.fullmatch(path):
-                add(f"mounts[{i}].{side}", f"{path!r} must be an absolute path without ':' or ','")
-            elif "/../" in f"{path}/" or "/./" in f"{path}/":
-                add(
-                    f"mounts[{i}].{side}",
-                    f"{path!r} has '.' or '..' components: give the plain path",
-                )
-        if mount.container_path and not mount.container_path.strip("/"):
-            add(
-                f"mounts[{i}].container_path",
-                "cannot mount over the container's root: name a directory in it",
-            )
-        if mount.container_path in targets:
-            add(f"mounts[{i}].container_path", "mounted twice: keep one entry")
-        targets.add(mount.container_path)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from pollux.policy.problem import Problem
 from pollux.policy.quota import Quota, Tenants, entitled_floors
-from pollux.policy.types import AllocationDecision, JobExplain, M
+from pollux.policy.types import AllocationDecision, M
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -91,7 +91,10 @@ def isolated_goodput(
         goodput_curve(utilities, speed, np.nonzero(tenants.of_job == t)[0], int(entitled[t] + 1e-9))
         for t in range(count)
     )
-    goodput = np.array([float(curve[1][-1]) for curve in curves])
+    # The best the jobs reach on at most E_t GPUs: greedy growth by utility may pass a
+    # higher goodput on its way (fairness costs some), and a tenant alone could stop there.
+    # The greedy path depends on E_t, so I_t may dip slightly as E_t grows (under 2 %).
+    goodput = np.array([float(curve[1].max()) for curve in curves])
     return IsolatedGoodput(entitled, goodput, curves)
 
 
@@ -105,7 +108,7 @@ def explained(decision: AllocationDecision[M], quota: Quota) -> AllocationDecisi
         why = decision.explain[name]
         label = names[t] or "default"
         note = f"tenant {label}: {held[t]} of its {quota.budget[t]}-GPU budget"
-        explain[name] = JobExplain(why.speedup, why.penalty, f"{why.reason} ({note})")
+        explain[name] = replace(why, reason=f"{why.reason} ({note})")
     return replace(decision, explain=explain)
 
 

@@ -7,6 +7,7 @@ statistics to its agent over gRPC, so the agent fits a model and the scheduler s
 Every rank appends "<generation> <rank> <world> <start-step>" to starts.log in the
 checkpoint directory, so a test can see each restart and what it resumed from.
 
+Rank 0's reports carry a made-up "loss" (100 / (100 + step)) as a value the job logged.
 With COUNTER_WORK=1, rank 0 also declares its work as `pollux.train` does (WorkStatus:
 progress and remaining, in M0-steps): each step makes the progress AdaScale's gain credits a
 batch of 32 x replicas with the reported gradient statistics; the progress is checkpointed with
@@ -33,7 +34,9 @@ def gain(world: int) -> float:
     return (VAR + SQR) / (VAR / world + SQR)
 
 
-def report(seq: int, world: int, nodes: int, work: tuple[float, float] | None = None) -> None:
+def report(
+    seq: int, world: int, nodes: int, work: tuple[float, float] | None = None, loss: float = 1.0
+) -> None:
     """Send one ReportMetrics to the job's agent; failures are ignored (training goes on)."""
     import grpc
 
@@ -67,6 +70,7 @@ def report(seq: int, world: int, nodes: int, work: tuple[float, float] | None = 
     )
     if work is not None:
         request.work.progress, request.work.remaining = work
+    request.user_metrics["loss"] = loss  # what trainer.log(loss=...) sends
     try:
         with agent_channel(address) as channel:  # TLS and the job credential when secure
             apb_grpc.AgentServiceStub(channel).ReportMetrics(request, timeout=2)
@@ -117,7 +121,7 @@ def main() -> int:
             if rank == 0:
                 nodes = int(os.environ.get("POLLUX_NUM_NODES", "1"))
                 work = (progress, (TOTAL - step) * gain(world)) if WORK else None
-                report(step // 10, world, nodes, work)
+                report(step // 10, world, nodes, work, loss=100.0 / (100.0 + step))
     if rank == 0:
         save()
     print(f"rank {rank}: done at step {step}", flush=True)

@@ -50,7 +50,6 @@ from pollux.service.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
-    shown,
 )
 from pollux.service.keys import Kind
 from pollux.service.session import LeasedRegistration
@@ -62,6 +61,7 @@ from pollux.service.store import (
     cancel_and_wait,
     decode,
 )
+from pollux.terminal import quoted
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -255,7 +255,7 @@ class Agent:
         if job is None:
             self._forget(job_id)
             self._last_fit.pop(job_id, None)
-            raise NotFound(f"job {shown(job_id)} not found")
+            raise NotFound(f"job {quoted(job_id)} not found")
         profile = await self._store.get_profile(job_id)
         # Read after the profile: the model is then at least as new as it, and the profile's
         # compare-and-swap guarantees it is exactly the one written with it.
@@ -300,7 +300,7 @@ class Agent:
             self._forget(job_id)
             if error.key == self._store.keys.job(job_id):
                 self._last_fit.pop(job_id, None)
-                raise NotFound(f"job {shown(job_id)} not found (deleted)") from error
+                raise NotFound(f"job {quoted(job_id)} not found (deleted)") from error
             return None
         created = state.profile.create_revision if state.profile is not None else revision
         entry = Entry(profile, revision, created)
@@ -390,7 +390,9 @@ class Agent:
                 return ReportOutcome(
                     True, observation_count(merge.profile), fit_seconds, fit_failed, attempt
                 )
-        raise Unavailable(f"job {shown(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times")
+        raise Unavailable(
+            f"job {quoted(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times"
+        )
 
     def _timeline(
         self,
@@ -456,7 +458,7 @@ class Agent:
                         hysteresis=self._config.hysteresis,
                     )
                 except (BatchConfigError, GoodputError) as error:
-                    raise FailedPrecondition(f"job {shown(job_id)}: {error}") from error
+                    raise FailedPrecondition(f"job {quoted(job_id)}: {error}") from error
                 if last is not None and _same_batch(last, config):
                     return config
                 updated = with_config(profile, job_id, shape, config)
@@ -471,7 +473,9 @@ class Agent:
                     )
                     return config
                 await self._back_off(attempt)
-        raise Unavailable(f"job {shown(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times")
+        raise Unavailable(
+            f"job {quoted(job_id)}: profile changed concurrently {MAX_ATTEMPTS} times"
+        )
 
     async def get_model(self, job_id: str) -> pb.JobModel:
         """The job's latest published model, read from etcd.
@@ -483,8 +487,8 @@ class Agent:
         if entry is not None:
             return entry.value
         if await self._store.get_job(job_id) is None:
-            raise NotFound(f"job {shown(job_id)} not found")
-        raise NotFound(f"job {shown(job_id)} has no model yet: no metrics have been reported")
+            raise NotFound(f"job {quoted(job_id)} not found")
+        raise NotFound(f"job {quoted(job_id)} has no model yet: no metrics have been reported")
 
 
 def _log_clipped(request: api.ReportMetricsRequest) -> None:

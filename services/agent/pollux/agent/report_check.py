@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pollux.agent.profile import Limits
 from pollux.goodput import GoodputError
+from pollux.user_metrics import metric_problems
 from pollux.v1 import agent_service_pb2 as api
 from pollux.v1 import types_pb2 as pb
 
@@ -106,6 +107,7 @@ def check_report(
                 )
     if request.HasField("work"):
         out.extend(_check_work(request.work))
+    out.extend(metric_problems(dict(request.user_metrics)))
     if not out and budgets is not None:
         key = (request.job_id, request.generation, request.rank)
         out.extend(budgets.check(key, claimed_seconds(request.observations), now))

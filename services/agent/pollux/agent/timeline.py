@@ -83,6 +83,7 @@ def point_of(
     point.progress = work.progress
     if work.HasField("remaining"):
         point.remaining = work.remaining
+    point.user_metrics.update(request.user_metrics)
     return point
 
 

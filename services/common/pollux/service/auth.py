@@ -2,19 +2,14 @@
 
 Every RPC of a service with TLS on is authenticated before its handler runs
 (`pollux.service.rpc.RpcObserver` calls an `Authenticator`), and the handler reads the caller
-with `current()`. Three kinds of credential exist:
-
-- a **certificate** issued by the cluster CA (`pollux.service.pki`): its subject names the
-  holder and its role. Services present one on every hop (launcher ports demand one);
-- an **API token** of a person, ``pollux_<id>_<secret>``, sent as ``authorization: Bearer``;
-  etcd keeps only the secret's SHA-256 (`pb.ApiToken`), so a leaked etcd backup is no login.
-  Only scheduler replicas verify them (`pollux.scheduler.tokens`);
-- a **job credential**, ``pjc.<job id>.<hmac>``, which the launcher hands each replica: an
-  HMAC of the job id under a cluster key kept in etcd, so an agent can tell, with no lookup,
-  that a metrics report comes from the job it names and from no other.
-
-A service without TLS (loopback only, or ``--insecure``) authenticates nobody: every caller is
-`LOCAL`, an admin. Secure by default means `pollux-up` always turns TLS on.
+with `current()`. Three kinds of credential exist: a **certificate** of the cluster CA
+(`pollux.service.pki`; its subject names the holder and its role; services present one on
+every hop); a person's **API token**, ``pollux_<id>_<secret>`` sent as ``authorization:
+Bearer``, of which etcd keeps only the secret's SHA-256 and only schedulers verify; and a
+**job credential**, ``pjc.<job id>.<hmac>`` under a cluster key, with which an agent tells
+with no lookup that a report comes from the job it names. A service without TLS (loopback
+only, or ``--insecure``) authenticates nobody: every caller is `LOCAL`, an admin
+(docs/architecture.md §9).
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ def follow_demo(
         if job.state == "RUNNING":
             progress = _last_log_line(client, job.id)
             if progress and progress != last_progress:
-                shown = escape_controls(progress)
-                print(f"[{time.monotonic() - started:6.1f}s]   {shown}", flush=True)
+                line = escape_controls(progress)
+                print(f"[{time.monotonic() - started:6.1f}s]   {line}", flush=True)
                 last_progress = progress
         if job.state in TERMINAL:
             for t in job.history:

@@ -1,16 +1,11 @@
 """The one entry point shape of every service: command line → configuration → run → exit code.
 
-A service describes itself with a `ServiceSpec` (its config class, environment prefix, flags,
-an optional host check and how to build its `ServiceApp`); `run_service` does the rest the same
-way for the scheduler, the agent and the launcher:
-
-1. parse the command line; every flag maps to one dotted config field;
-2. layer defaults < TOML file (``--config``) < ``<PREFIX>_*`` environment < flags, a flag left
-   out (None) overriding nothing (`pollux.service.config.load`);
-3. validate the whole tree, then run the host check (`prepare`: what only the machine can tell,
-   e.g. the launcher's GPUs and writable roots), reporting every problem with its field path at
-   once and exiting `EXIT_BAD_CONFIG` before anything is registered;
-4. connect to etcd, start the app, serve until SIGTERM/SIGINT, stop in reverse order.
+A service describes itself with a `ServiceSpec` (config class, environment prefix, flags, an
+optional host check, how to build its `ServiceApp`); `run_service` does the rest alike for the
+scheduler, the agent and the launcher: parse the flags (each maps to one dotted config field),
+layer defaults < TOML file (``--config``) < ``<PREFIX>_*`` environment < flags, validate the
+whole tree and run the host check (`prepare`), reporting every problem with its field path at
+once, then connect to etcd, start the app, serve until SIGTERM/SIGINT and stop in reverse.
 
 Exit codes: `EXIT_OK` (0) after a requested stop, `EXIT_FAILED` (1) when the service could not
 run (etcd unreachable, a port taken, a store failure while starting), `EXIT_BAD_CONFIG` (2) for

@@ -39,11 +39,6 @@ MAX_FIELD_CHARS = 100
 MAX_PROBLEM_CHARS = 200
 
 
-def shown(value: str, limit: int = 64) -> str:
-    """`value` quoted for an error message, cut to `limit` characters (it may be user input)."""
-    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"… ({len(value)} chars)"
-
-
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

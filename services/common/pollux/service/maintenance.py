@@ -1,23 +1,14 @@
 """etcd kept healthy by the schedulers: compaction, defragmentation, NOSPACE recovery.
 
-etcd keeps every revision of every key until it is compacted, and keeps the pages freed by
-compaction in its database file until it is defragmented; when the file reaches its quota
-(`--quota-backend-bytes`, 2 GiB by default) it raises the NOSPACE alarm and from then on serves
-only reads and deletes: no submit, no lease grant, so not even a new scheduler leader. Every way
-Pollux starts etcd sets auto-compaction; this module is the rest, and does not depend on it:
+etcd keeps every revision until compacted and the freed pages until defragmented; at its quota
+it raises NOSPACE and serves only reads and deletes (no submit, no lease grant, so no new
+leader). The leader compacts to the revision it saw `compact_retention_s` ago and defragments
+one member at a time once enough of its file is free; every replica watches the alarm, says
+so while it is raised, and recovers (compact, defragment, disarm once the file shrank) as soon
+as deletes or a raised quota made room. docs/architecture.md §3 has the whole story.
 
-- the leader compacts to the revision it saw `compact_retention_s` ago, so history stays
-  bounded even under an etcd started without auto-compaction (watchers further behind re-list);
-- the leader defragments a member, one at a time, when its file holds at least
-  `defrag_min_bytes` and `defrag_ratio` of free pages;
-- every replica (leader or not: under NOSPACE no replica can become leader) watches the alarm.
-  While it is raised each says so in one line (log `etcd_out_of_space`, gauge
-  `pollux_etcd_nospace`, ClusterStatus warnings) and tries to recover: compact to the current
-  revision, defragment every member, and disarm the alarm once that made room (the database
-  file shrank by a tenth). Room comes from deletes — retention, DeleteJob, an operator — or
-  from a raised quota; without it the alarm stays and the services keep saying why.
-
-`plan_member` is the pure decision; `EtcdMaintainer` is the loop around it.
+`needs_defragment` and `compaction_target` are the pure decisions; `EtcdMaintainer` is the
+loop around them over `pollux.service.etcd.maintenance.EtcdMaintenance`.
 """
 
 from __future__ import annotations
@@ -32,8 +23,10 @@ from dataclasses import dataclass
 import prometheus_client
 import structlog
 
+from pollux.service.etcd.errors import NOSPACE_MESSAGE, StoreError
+from pollux.service.etcd.kv import EtcdKV
+from pollux.service.etcd.maintenance import EtcdMaintenance, MemberStatus
 from pollux.service.etcd_target import split_endpoints
-from pollux.service.store import NOSPACE_MESSAGE, MemberStatus, Store, StoreError
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +102,7 @@ class EtcdMaintainer:
         settings: When to compact and defragment.
         leading: Whether this replica leads now (routine compaction and defragmentation are
             the leader's; NOSPACE recovery is everyone's).
-        connect: Opens a store on one member (tests inject their own).
+        connect: Opens a connection to one member (tests inject their own).
     """
 
     def __init__(
@@ -119,14 +112,14 @@ class EtcdMaintainer:
         timeout_s: float,
         settings: MaintenanceSettings,
         leading: Callable[[], bool],
-        connect: Callable[[str], asyncio.Future[Store]] | None = None,
+        connect: Callable[[str], asyncio.Future[EtcdKV]] | None = None,
     ) -> None:
         self.members = [f"{host}:{port}" for host, port in split_endpoints(endpoints)]
         self.settings = settings
         self._leading = leading
         self._timeout_s = timeout_s
         self._connect = connect
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[str, EtcdKV] = {}
         self._samples: deque[tuple[float, int]] = deque()
         self._full_size = 0
         self._told_at = 0.0
@@ -152,15 +145,15 @@ class EtcdMaintainer:
                 with contextlib.suppress(Exception):
                     await store.close()
 
-    async def _store(self, member: str) -> Store:
+    async def _store(self, member: str) -> EtcdMaintenance:
         store = self._stores.get(member)
         if store is None:
             if self._connect is not None:
                 store = await self._connect(member)
             else:
-                store = await Store.connect(member, timeout_s=self._timeout_s)
+                store = await EtcdKV.connect(member, timeout_s=self._timeout_s)
             self._stores[member] = store
-        return store
+        return EtcdMaintenance(store)
 
     async def _statuses(self) -> dict[str, MemberStatus]:
         found = {}

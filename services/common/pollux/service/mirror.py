@@ -1,24 +1,17 @@
 """The cluster's active state mirrored in memory from etcd watches (the informer pattern).
 
-A scheduling round and ClusterStatus used to read every job, model and replica status ever
-written; with tens of thousands of finished jobs that read alone took seconds, and it grew
-forever. Instead each scheduler replica keeps a `ClusterMirror`: every prefix a round needs is
-listed once and then followed by a watch from the next revision, so a round costs what
-changed, not what exists.
+Reading every job, model and status ever written took seconds per round with tens of thousands
+of finished jobs, and grew forever. So each scheduler replica keeps a `ClusterMirror`: each
+prefix a round needs is listed once and followed by a watch from the next revision, so a round
+costs what changed, not what exists. Only the *active* part is kept in full (non-terminal jobs
+with their models and replica statuses, nodes, agents); every job is also in a small
+creation-ordered index (`JobSummary`, also by owner) that ClusterStatus counts, ListJobs pages
+and SubmitJob's queue limits count, and every job change goes, decoded once, to the `JobFeed`
+that fans it out to WatchJobs streams (pollux.service.feed).
 
-Only the *active* part is kept in full: jobs in a non-terminal state (with the models and
-replica statuses of those jobs), nodes and agents. Every job, finished or not, is also in a
-small index (`JobSummary`: creation time, id, state, name, labels, owner, tenant) in creation
-order, also by owner, which ClusterStatus counts, ListJobs pages through (fetching only the
-records of the page) and SubmitJob's queue limits count PENDING jobs in. Every job change is
-also published, decoded once, to the mirror's `JobFeed`, which fans it out to WatchJobs streams
-(pollux.service.feed): one watch per replica, however many streams.
-
-Freshness. A mirror lags etcd by a watch delivery (milliseconds). Rounds stay correct anyway:
-every job write is conditional on the mod revision the mirror holds, so a stale record makes
-the write fail and the round re-plan, and a leader waits until its jobs mirror has applied its
-own last commit (`wait_for`) before planning the next round, so it never plans from a state
-older than what it wrote. A watch that breaks or falls behind compaction re-lists its prefix.
+Freshness: a mirror lags etcd by a watch delivery, yet rounds stay correct: every job write is
+conditional on the mod revision the mirror holds, a leader waits for its own last commit
+(`wait_for`) before planning again, and a broken or compacted watch re-lists its prefix.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """The one RPC wrapper of every service: status mapping, one log line and one histogram per call.
 
-`RpcObserver` is a server interceptor that every `ServiceHost` installs, so servicers stay thin
+`RpcObserver` is a server interceptor every `ServiceHost` installs, so servicers stay thin
 adapters that raise typed errors (pollux.service.errors) and never touch status codes, timers
-or log plumbing themselves. For each call of a `pollux.*` service it
-
-- binds ``rpc`` (the method) and, when the request names them, ``job_id`` / ``node_id`` in the
-  log context, so every line the handler logs carries them;
-- maps an escaping exception to a gRPC status with `errors.status_of` (the only table), and a
-  request that does not decode as its message type to INVALID_ARGUMENT (grpc would say
-  UNKNOWN);
-- emits one canonical ``rpc`` line with the method, status code, duration and whatever the
-  handler added with `annotate`, at info for outcomes the caller caused (OK, bad or missing
-  input) and warning (error, with the traceback, for INTERNAL) otherwise;
-- observes ``pollux_rpc_seconds{service, method, code}``;
-- for a server stream: admits it through the host's `StreamGate` (pollux.service.streams),
-  and re-proves the caller's credential every `STREAM_RECHECK_S` while it is open, so a
-  revoked or expired token ends its streams within the token cache time.
-
-Health checks and reflection pass through unobserved: probes every few seconds would drown the
-log, and they carry no work.
+or logging. For each call of a `pollux.*` service it binds ``rpc`` and the request's
+``job_id`` / ``node_id`` in the log context; maps an escaping exception to a status with
+`errors.status_of` (the only table), and an undecodable request to INVALID_ARGUMENT; emits one
+canonical ``rpc`` line (method, code, duration, what the handler `annotate`d; info for
+outcomes the caller caused, else warning); observes ``pollux_rpc_seconds{service, method,
+code}``; and admits a server stream through the host's `StreamGate` (pollux.service.streams),
+re-proving its caller's credential every `STREAM_RECHECK_S`, so a revoked token ends its
+streams. Health checks and reflection pass unobserved: frequent probes carry no work.
 """
 
 from __future__ import annotations

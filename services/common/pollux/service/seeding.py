@@ -1,18 +1,16 @@
 """Seeding a new job's profile from an earlier run of the same job (pure, no I/O).
 
 A re-run of a training job runs the same model on the same hardware, so the step times its
-earlier run measured are its own. Without them every job starts small (one GPU; in the jct
-mode up to 4) and may only grow to a few times its largest measured size each round
-(`pollux.policy.exploration`), paying a restart per step. With `scheduling.seed_profiles`
-on (off by default: README, "Seeded re-runs"), the scheduler seeds a submission from the
-owner's newest earlier job of the same name that has a throughput fit: the new job's profile
-carries that run's rows as `seed_observations`, and its model starts from that run's fit, so
-the first round can size the job from what is known.
+earlier run measured are its own; without them every job starts small and may only grow a few
+times its largest measured size each round (`pollux.policy.exploration`), paying a restart per
+step. With `scheduling.seed_profiles` on (off by default), a submission is seeded from the
+owner's newest earlier job of the same name that has a throughput fit: its rows become the new
+profile's `seed_observations` and its fit the new model's start, so the first round can size it.
 
 Seeded rows never mix with the job's own: reports merge into `observations` only, and the fit
 uses a seeded row only for a (nodes, replicas, local batch) the job has not measured itself
-(`fit_rows`). Gradient statistics, declared work and batch hysteresis are not seeded: they
-belong to one run. Both values are stored under the new job's keys, so they are deleted with it.
+(`fit_rows`). Gradient statistics, declared work and batch hysteresis belong to one run and
+are not seeded. Both values live under the new job's keys and are deleted with it.
 """
 
 from __future__ import annotations

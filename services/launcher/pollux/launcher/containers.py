@@ -1,38 +1,17 @@
 """Replicas in containers: the ``podman run`` / ``docker run`` command line, and clean-up.
 
-A job whose spec names an ``image`` runs each replica as ``<runtime> run --rm … IMAGE
-COMMAND…`` on a launcher configured with ``runtime = "podman"`` or ``"docker"``. The runtime's
-client process is the replica process as far as the rest of the launcher is concerned
-(replica.py): it is started, its output pumped and its exit code reported exactly like a plain
-command's, because ``run`` stays attached and exits with the container's exit code. A planned
-stop sends SIGTERM to the container itself (``<runtime> kill --signal TERM NAME``,
-`Container.signal_argv`), not to the client: a remote client (``podman --remote``, docker's
-``-H``) does not forward signals, so the client runs with ``--sig-proxy=false`` everywhere and
-a replica never gets the stop twice (a second SIGTERM means "die now" to the training
-library). ``--init`` puts a tiny init (podman's catatonit, docker's tini) at PID 1, so a
-replica without a SIGTERM handler dies of it and reports 143 as a plain process would (PID 1
-ignores signals it does not handle).
-
-The runtime's client is ``binary`` plus the launcher's ``runtime_global_flags`` before every
-subcommand: a launcher that itself runs in a container drives the node's runtime through its
-socket (``--remote --url unix:///run/podman/podman.sock``, or docker's ``-H``), and then every
-path it mounts (checkpoint directory, CA file, job mounts) must be the node's path, which is
-why the launcher's own container must see them at the same paths.
-
-What a client process cannot do is take its container with it when it is SIGKILLed (a stop
-past its grace period, the fence, the launcher's own death): the container keeps running under
-the runtime's monitor. So every container carries two labels, ``pollux.fence=<node fence
-token>`` and ``pollux.job=<job id>``, and a fixed name ``pollux-<job>-<generation>-<rank>``:
-the replica removes its container by name whenever it kills the client or the client exits
-(`Container.remove_argv`), and a restarted launcher or the watchdog removes every container of
-the node by label (`remove_fenced`).
-
-The environment contract (docs/architecture.md §7) reaches the container with ``-e NAME``
-(names only: the values come from the client's environment, so secrets and the job credential
-never appear in a command line that ``ps`` shows). Inside, the checkpoint directory and the TLS
-CA file are mounted at the same paths as on the host, so the contract's paths hold;
-``CUDA_VISIBLE_DEVICES`` is ``0`` for a GPU slot, since the container sees only its own GPU
-(podman ``--device nvidia.com/gpu=<index>`` through CDI, docker ``--gpus device=<index>``).
+A job naming an ``image`` runs each replica as ``<runtime> run --rm … IMAGE COMMAND…`` on a
+launcher with ``runtime = "podman"`` or ``"docker"``; the attached client is the replica
+process to the rest of the launcher (replica.py) and exits with the container's code. A planned
+stop signals the container by name (`Container.signal_argv`), since a remote client does not
+forward signals: clients run with ``--sig-proxy=false`` so a replica never gets the stop twice,
+and ``--init`` makes a replica without a SIGTERM handler die of it (143). ``runtime_global_flags``
+go before every subcommand, so a launcher in a container drives the node's runtime through its
+socket (its mounts must then be the node's paths). A SIGKILLed client leaves its container
+running, so each is named ``pollux-<job>-<generation>-<rank>`` and labelled ``pollux.fence`` and
+``pollux.job``: the replica removes it by name (`Container.remove_argv`), a restarted launcher
+or the watchdog by label (`remove_fenced`). The contract's variables pass by name only (``-e
+NAME``: no secret in a command line ``ps`` shows); see docs/architecture.md §7.
 """
 
 from __future__ import annotations
@@ -97,7 +76,7 @@ class Container:
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """What one replica's ``run`` command is made of (launcher.py fills it in).
+    """What one replica's ``run`` command is made of (container_runtime.py fills it in).
 
     Attributes:
         runtime: "podman" or "docker".
@@ -210,12 +189,12 @@ def mount_problems(
     ``container_mounts_allowed`` prefixes, themselves resolved: a job may not mount the host's
     /etc, a service's state, or the container runtime's socket.
     """
-    shown = ", ".join(map(str, allowed)) or "(none)"
+    prefixes = ", ".join(map(str, allowed)) or "(none)"
     problems = []
     for host, _, _ in mounts:
         if not inside(host, allowed):
             problems.append(
-                f"mount of {host} is not allowed on {node} (container_mounts_allowed: {shown}): "
+                f"mount of {host} is not allowed on {node} (container_mounts_allowed: {prefixes}): "
                 "have the operator allow it or drop the mount"
             )
     return problems

@@ -1,22 +1,16 @@
 """The launcher-side fence: no replica runs on a node past its launcher's right to run it.
 
 A launcher's right to run replicas is its node registration's lease. Once that lease may have
-expired at etcd, the scheduler counts the node as gone and re-places its jobs elsewhere, so any
-replica still running here would train beside the next generation on the same checkpoint
-directory. Three mechanisms close that window, each for a way a launcher stops acting:
-
-- the launcher dies (kill -9, OOM): each replica carries a parent-death signal (replica.py);
-- the launcher stops acting but lives (SIGSTOP, a hung event loop, etcd unreachable): a
-  separate watchdog process (watchdog.py) kills the replicas when the last lease deadline the
-  launcher sent it passes, a margin *before* etcd can expire the lease;
-- both failed, or a replica escaped (an older launcher version, a process that re-parented):
-  a restarted launcher kills every process still marked as this node's replica before it
-  registers again.
+expired at etcd, the scheduler re-places the node's jobs, so a replica still running here would
+train beside the next generation on the same checkpoint directory. Three mechanisms close that
+window: a launcher that dies takes its replicas with it (their parent-death signal, replica.py);
+one that stops acting but lives is covered by its watchdog process (watchdog.py), which kills
+the replicas a margin before etcd can expire the lease; and a restarted launcher kills every
+process still marked as this node's replica before it registers again (`kill_fenced`).
 
 Replicas are found by their environment: each carries `FENCE_VAR`, a token derived from the
-cluster (etcd endpoint and key root) and the node name, so launchers of other nodes or other
-clusters sharing the host are never touched, and children of a replica (data loaders, torchrun
-workers) are found with it.
+cluster (etcd endpoint and key root) and the node name, so other nodes' and other clusters'
+replicas on the host are never touched, and a replica's children are found with it.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """A job's files on a node, private to the job's uid, and their removal after retention.
 
-Per job the launcher keeps three directories, each ``<root>/<job id>``, mode 0700 and owned by
-the job's uid (job_users.py) when replicas run under their own uids:
+Per job the launcher keeps ``<root>/<job id>`` under three roots, mode 0700 and owned by the
+job's uid (job_users.py): the checkpoint directory (``checkpoint_root``, shared storage on a
+multi-node cluster), the replica logs (``log_root``, 0600 files, replica_log.py) and scratch
+(``scratch_root``: the replicas' ``HOME``, ``TMPDIR`` and a copy of the cluster's CA). The
+job's uid may plant links or FIFOs there, so the launcher never follows a name inside:
+directories are opened ``O_NOFOLLOW`` and changed through descriptors, files made ``O_EXCL``
+under a temporary name and renamed, removal never follows links.
 
-- the checkpoint directory (``checkpoint_root``, shared storage on a multi-node cluster);
-- the replica logs (``log_root``), files ``<generation>-<rank>.log`` of mode 0600, written by
-  the launcher (replica_log.py);
-- scratch (``scratch_root``, node-local): the replicas' ``HOME`` and ``TMPDIR``, and a copy of
-  the cluster's CA certificate (``POLLUX_TLS_CA``), since the launcher's own copy may lie
-  where job uids cannot read.
-
-These directories belong to a job's uid, who may plant links or FIFOs in them, so the launcher
-(root) never follows a name inside them: directories are opened with ``O_NOFOLLOW`` and
-changed through their descriptors, files made with ``O_EXCL`` under a temporary name and
-renamed, and removal is `shutil.rmtree`, which does not follow links.
-
-Retention. The launcher's sweep (`expired`) removes a job's directories from a root once the
-job is over — no allocation, no live replica on the node, and its record finished (or gone) —
-and ``file_retention_s`` has passed since it finished (its record says when), or since the
-directory last changed when the record is gone. A checkpoint root shared by several nodes is
-swept by each of them; whichever comes first removes the directory and the others find it gone
-(the finish time comes from etcd, the same for all). Before a launcher gives a uid to a job it
-removes what any other job left under that uid in its roots (`reclaim`): uids are reused once
-released, files never are.
+Retention (`expired`): a job's directories go once the job is over (no allocation, no live
+replica here, its record finished or gone) and ``file_retention_s`` has passed since it
+finished (or since the directory last changed, without a record); on a shared root whichever
+node comes first removes them. `reclaim` removes what other jobs left under a reused uid.
 """
 
 from __future__ import annotations

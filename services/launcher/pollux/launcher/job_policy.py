@@ -1,55 +1,16 @@
 """What a job may ask of the node it runs on: its directories, its environment, its user.
 
-A job spec is user input and the launcher runs its command, so the launcher's ``[job_policy]``
-section (`JobPolicy`) bounds it. A job the policy refuses is not run: each of its replicas on
-the node exits 127 (`replica.SPAWN_FAILED`) with the reason, which says what to fix, in its log,
-like any replica that cannot start. The rules, and why:
-
-- **working_dir** (when the spec names one) must be absolute and resolve — symlinks and ``..``
-  followed, `os.path.realpath` — inside one of `JobPolicy.allowed_roots` (themselves resolved)
-  or the launcher's own ``default_working_dir``. The default roots, ``/tmp``, ``/var/tmp``,
-  ``/srv`` and ``/home``, are where job code and data conventionally live, and none holds the
-  host's configuration or another service's state, which a replica's relative paths would
-  otherwise reach (``/etc``, ``/root``, ``/var/lib``, ``/proc``).
-- **Checkpoint directory** ``<checkpoint_root>/<job id>``: the job id must be one path
-  component, and the directory must resolve inside the resolved checkpoint root, so a symlink
-  planted there cannot make the launcher write the generation fence, or hand ownership of a
-  directory to the replica user, anywhere else.
-- **Environment** (``env`` and ``secret_env``). Refused: the dynamic loader's variables
-  (``LD_*``: ``LD_PRELOAD``, ``LD_AUDIT``, ``LD_LIBRARY_PATH``, …), ``GLIBC_TUNABLES`` and
-  ``GCONV_PATH``, which make a program load code its command line does not name. The launcher
-  execs host programs with the job's environment before the job's own (setpriv, for the
-  parent-death signal), so these would run job code inside them; a job that needs them sets
-  them in its own command (``env LD_LIBRARY_PATH=… python train.py``, or a wrapper script),
-  where they only reach the job's program. `JobPolicy.allow_env` lifts that for names an
-  operator trusts (``LD_LIBRARY_PATH`` for site CUDA libraries, say). Interpreter variables
-  (``PYTHONPATH``, ``PYTHONSTARTUP``, …) are allowed: the launcher runs no interpreter for a
-  job, so they reach only the job's own program, and jobs legitimately set ``PYTHONPATH``.
-  Refused too: ``POLLUX_*``, reserved for the replica contract (the API never accepts them),
-  and whatever `JobPolicy.deny_env` names. The contract's other variables (``RANK``,
-  ``WORLD_SIZE``, ``MASTER_ADDR``, ``CUDA_VISIBLE_DEVICES``, …) may be set, for runs outside
-  Pollux, but the launcher's values replace them (placement.replica_env), so none can be
-  overridden.
-- **User.** A root launcher runs each job's replicas under a uid of the job's own, from
-  `JobPolicy.job_uids` (job_users.py: claimed in etcd, the same on every node, never two live
-  jobs on one), with a gid of the same number and no supplementary groups (setpriv switches,
-  in the replica's own process, keeping its parent-death signal), a private ``HOME`` and
-  ``TMPDIR`` and umask 077; that uid owns the job's checkpoint, log and scratch directories,
-  mode 0700 (job_files.py). So a replica can read no other job's files and no file of the
-  launcher's (its key, the CA key, an admin's ``~/.config/pollux``), none of which is ever
-  world-readable. A launcher that cannot do this — not root, or configured with
-  `JobPolicy.run_as_uid`, one uid for every job (``allow_root = true`` makes that root) —
-  refuses to start unless told ``--insecure``, and then warns at every start
-  (`isolation_problem`).
-- **Containers** (a job naming an ``image``; containers.py). ``working_dir`` is a path in the
-  image, so it need only be absolute; the container runs as the job's uid too. The
-  environment rules stand (the runtime's client, a host program running as the launcher's
-  user, gets the job's variables so that it can pass them on by name), and a job may not set
-  what configures that client or the runtime behind it either (`RUNTIME_CLIENT_PREFIXES`,
-  `RUNTIME_CLIENT_NAMES`: storage, registries and their credentials, proxies, CA bundles, the
-  daemon or service it talks to, its configuration lookup, the Go runtime's knobs);
-  `JobPolicy.allow_env` lifts that too. A host path a job mounts must lie in the launcher's
-  ``container_mounts_allowed`` (`containers.mount_problems`).
+A job spec is user input and the launcher runs its command, so ``[job_policy]`` (`JobPolicy`)
+bounds it; a refused job's replicas exit 127 (`replica.SPAWN_FAILED`) with the reason and the
+fix in their log. ``working_dir`` must resolve (links and ``..`` followed) inside
+`JobPolicy.allowed_roots` or ``default_working_dir``; the checkpoint directory
+``<checkpoint_root>/<job id>`` inside the checkpoint root. The environment may not set the
+loader's variables (``LD_*``, ``GLIBC_TUNABLES``, ``GCONV_PATH``: host programs such as
+setpriv run with it before the job's own), ``POLLUX_*``, what `JobPolicy.deny_env` names, nor
+for an image job what configures the runtime's client (`RUNTIME_CLIENT_PREFIXES`,
+`RUNTIME_CLIENT_NAMES`); `JobPolicy.allow_env` lifts a name an operator trusts. A root
+launcher runs each job under a uid of its own (job_users.py); one that cannot refuses to start
+unless told ``--insecure`` (`isolation_problem`). Why each rule: docs/architecture.md §6, §9.
 """
 
 from __future__ import annotations
@@ -291,7 +252,7 @@ class JobPolicy:
         if not working_dir:
             return []  # the launcher's default: the operator's choice
         roots = [*self.allowed_roots, *([default] if default is not None else [])]
-        shown = ", ".join(str(r) for r in roots) or "(none)"
+        roots_list = ", ".join(str(r) for r in roots) or "(none)"
         fix = "set job_policy.allowed_roots on the launcher or use a directory under them"
         if "\0" in working_dir:
             return ["working_dir contains a NUL byte: remove it"]
@@ -301,7 +262,7 @@ class JobPolicy:
             return []
         real = os.path.realpath(working_dir)
         via = "" if real == working_dir else f" (it resolves to {real})"
-        return [f"working_dir {working_dir}{via} is outside the allowed roots {shown}: {fix}"]
+        return [f"working_dir {working_dir}{via} is outside the allowed roots {roots_list}: {fix}"]
 
     def env_problems(
         self, env: Mapping[str, str], where: str, *, container: bool = False

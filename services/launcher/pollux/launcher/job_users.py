@@ -1,20 +1,15 @@
 """Per-job uids: every job's replicas run under a uid of their own, the same on every node.
 
-A root launcher runs each job's replicas as that job's uid (and a gid of the same number, no
-supplementary groups), so a job can read no other job's checkpoints, logs or scratch files and
-no file of the launcher's. The uid must be the same on every node (a checkpoint directory on
-shared storage outlives a generation, and the next one may run elsewhere) and no two live jobs
-may share one, so it is assigned in etcd rather than derived: the first launcher that starts
-the job claims a free uid of ``job_policy.job_uids`` in one transaction that creates both
-``job-users/jobs/<job>`` and ``job-users/uids/<uid>`` only if neither exists. Every other
-launcher, and every later generation, reads the claim. Probing starts at a point derived from
-the job id (spreading claims over the range, so concurrent claims of different jobs rarely
-meet) and goes on in order.
-
-A claim is released (`release`, from a launcher's sweep, job_files.py) once the job is over and
-the retention of its files has passed. A uid can be claimed again after that, so before a
-launcher gives a uid to a job it removes what another job left under that uid on the node
-(`job_files.reclaim`): a file a released job left behind is never readable by the next holder.
+A root launcher runs each job's replicas as that job's uid (a gid of the same number, no
+supplementary groups), so a job can read no other job's files and none of the launcher's. The
+uid must be the same on every node (a checkpoint directory on shared storage outlives a
+generation) and never shared by two live jobs, so it is claimed in etcd, not derived: the first
+launcher to start the job creates ``job-users/jobs/<job>`` and ``job-users/uids/<uid>`` in one
+transaction that requires both absent, probing ``job_policy.job_uids`` in order from a point
+derived from the job id (so concurrent claims rarely meet); every other launcher and later
+generation reads the claim. A launcher's sweep releases it (`release`) once the job's files'
+retention has passed, and before a reused uid is given out its leftovers are removed
+(`job_files.reclaim`).
 """
 
 from __future__ import annotations

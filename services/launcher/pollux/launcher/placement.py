@@ -1,20 +1,16 @@
 """Which replicas of an allocation this node runs, and the environment each one gets.
 
 Pure functions over `pollux.v1` messages, so every rule of the environment contract
-(docs/architecture.md §7) is tested with scenario tables and no processes.
+(docs/architecture.md §7) is tested with scenario tables and no processes. Replica ``i`` runs
+on ``nodes[i]``; ``LOCAL_RANK`` is a rank's position among its node's ranks, so local ranks are
+dense per node whatever order the scheduler listed the nodes in.
 
-Ranks: replica ``i`` of an allocation runs on ``nodes[i]``. A node's replicas are its ranks in
-increasing order; ``LOCAL_RANK`` is the position among them, so local ranks are dense per node
-whatever order the scheduler listed the nodes in.
-
-MASTER_ADDR / MASTER_PORT: rank 0's node hosts the rendezvous. The address is that node's
-``labels["host"]`` when set (for nodes whose data network differs from the control network),
-else the host part of its registered gRPC address. The port is derived from
-``sha256("<job_id>/<generation>")`` into the configured range, so every launcher of the job
-computes the same port with no coordination, and a new generation moves to a different port
-(its predecessor's sockets may still linger in TIME_WAIT). `master_ports` yields that port and
-then the following ones, wrapping in the range: the rank-0 launcher takes the first free one
-when every rank is local; see `launcher.Launcher._master_port` for the multi-node case.
+Rank 0's node hosts the rendezvous: MASTER_ADDR is its ``labels["host"]`` when set (a data
+network apart from the control network), else the host of its registered address. MASTER_PORT
+is derived from ``sha256("<job_id>/<generation>")`` into the configured range, so every
+launcher of the job computes it with no coordination and a new generation moves to another
+port (the old one's sockets may linger in TIME_WAIT). `master_ports` yields it and then the
+following ones, wrapping; ports.py chooses among them.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """One replica process: start, capture its output, stop it gracefully, report its exit.
 
-The command runs without a shell in a new session (its own process group), so a stop signal
-reaches every process the replica spawned (data-loader workers, torchrun children) and a
-launcher signal (Ctrl-C in a terminal) does not reach the replica. stdout and stderr are
-merged and pumped line by line into a bounded in-memory ring (StreamLogs) and the replica's
-log file (replica_log.py: private to the job, rotated at a size, and never able to stop the
-exit from being reported: a write that fails drops lines, nothing else).
-
-Stopping is SIGTERM to the group, `grace_s` to checkpoint and exit (the training library exits
-143), then SIGKILL. A replica the launcher stopped that died of SIGTERM itself (no handler)
-reports 143 too: it was a planned stop, not a failure.
-
-A replica that exits non-zero with ENOSPC or EDQUOT named in its last output lines
-(`mentions_disk_full`: the errno's name, its strerror text or Python's ``[Errno 28]``) reports
-``disk_full``: the only place a replica's errno shows is its own output, and the scheduler then
-fails the job rather than restarting it onto the same full disk.
-
-A replica in a container (containers.py) is the same process, the runtime's attached ``run``
-client, which exits with the container's code. Two differences: its SIGTERM goes to the
-container by name through the runtime (retried until the container exists or the grace
-period ends; a remote client would not forward a signal), and a SIGKILL reaches the client,
-not the container, so once the client is gone (however it went) its container is killed and
-removed by name before the exit is reported, and the generation barrier never sees a
-container outlive its status.
+The command runs without a shell in a session of its own, so a stop signal reaches everything
+the replica spawned and a signal to the launcher does not reach the replica. Its merged output
+is pumped line by line into a bounded in-memory ring (StreamLogs) and its log file
+(replica_log.py: a failed write drops lines, never the exit report). A stop is SIGTERM to the
+group, `grace_s` to checkpoint and exit, then SIGKILL; a stopped replica that died of SIGTERM
+reports 143, a planned stop. A non-zero exit with ENOSPC or EDQUOT in its last output lines
+(`mentions_disk_full`) reports ``disk_full``, so the scheduler fails the job rather than
+restarting it onto the same full disk. A replica in a container (containers.py) is its runtime's
+attached ``run`` client: its SIGTERM goes to the container by name (retried until the
+container exists), and once the client is gone its container is killed and removed by name
+before the exit is reported, so no container outlives its status.
 """
 
 from __future__ import annotations
@@ -61,8 +49,8 @@ _CHUNK_LINES = 512
 """Most lines per follow batch (one StreamLogs message)."""
 _DRAIN_S = 5.0
 """How long output is drained after the process exits."""
-_SHOWN_CHARS = 512
-"""A command is quoted in messages up to this length (it is user input)."""
+_QUOTED_CHARS = 512
+"""Longest user or runtime text quoted in a message or log line (a command, stderr)."""
 _SIGNAL_RETRY_S = 0.5
 """Pause between attempts to SIGTERM a container that does not exist yet."""
 _CONTAINER_KILLED = 128 + signal.SIGKILL
@@ -90,9 +78,9 @@ def mentions_disk_full(lines: Sequence[str]) -> str:
     return ""
 
 
-def _shown(command: Sequence[str]) -> str:
+def _quoted_command(command: Sequence[str]) -> str:
     text = repr(list(command))
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "…"
 
 
 class LogRing:
@@ -392,7 +380,7 @@ class Replica:
         except Exception as error:
             # Whatever the exec refused (a missing program or working dir, a NUL byte in an
             # argument, the environment or the working dir), the replica failed to start.
-            message = f"pollux-launcher: cannot start {_shown(spec.command)}: {error}"
+            message = f"pollux-launcher: cannot start {_quoted_command(spec.command)}: {error}"
             self.log.append(message)
             sink.write([message])
             sink.close()
@@ -483,7 +471,7 @@ class Replica:
             self._log.warning(
                 "container_remove_failed",
                 container=container.name,
-                error=err.decode(errors="replace").strip()[:_SHOWN_CHARS],
+                error=err.decode(errors="replace").strip()[:_QUOTED_CHARS],
             )
 
     def killed(self, code: int | None) -> bool:

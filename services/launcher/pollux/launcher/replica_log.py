@@ -1,21 +1,14 @@
 """A replica's log file: private to its job, capped with rotation, never in the way of its exit.
 
-The launcher pumps a replica's output into ``<log_root>/<job>/<generation>-<rank>.log``, mode
-0600, owned by the job's uid, in the job's 0700 log directory (job_files.py). The directory
-belongs to the job, so the file is opened relative to the directory's descriptor with
-``O_NOFOLLOW | O_NONBLOCK`` and refused unless it is a regular file with one link: a planted
-link or FIFO never makes the launcher write elsewhere or block.
-
-Size. Once the file reaches ``log_max_bytes`` it is renamed ``.1`` (older ones shift to
-``.2`` … up to ``log_rotations``, the oldest dropped) and a new file is started, so a replica
-never holds more than ``log_max_bytes × (log_rotations + 1)`` bytes of log.
-
-Failures. A write that fails (a full disk above all) never raises: the lines are dropped from
-the file (they stay in the in-memory ring StreamLogs serves), the failure is said once — a
-``replica_log_unwritable`` line (``disk_full`` when ENOSPC/EDQUOT), a line in the ring, the
-metrics below — and writing is retried every `RETRY_S`; once it works again the file gets a
-line saying how many lines are missing. So a full log filesystem costs log lines, never a
-replica's exit report or its slot (replica.py).
+Output goes to ``<log_root>/<job>/<generation>-<rank>.log``, mode 0600, owned by the job's uid
+in the job's 0700 directory (job_files.py). The directory is the job's, so the file is opened
+relative to its descriptor with ``O_NOFOLLOW | O_NONBLOCK`` and refused unless it is a regular
+file with one link: a planted link or FIFO never redirects or blocks the launcher. At
+``log_max_bytes`` it is rotated (``.1`` … ``.<log_rotations>``, the oldest dropped). A write
+that fails (a full disk above all) never raises: the lines are dropped from the file (the
+in-memory ring keeps them), the failure is said once (a log line, a line in the ring, the
+metrics below), writing is retried every `RETRY_S`, and the file then says how many lines are
+missing. So a full log filesystem costs log lines, never an exit report or a slot.
 """
 
 from __future__ import annotations

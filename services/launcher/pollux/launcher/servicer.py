@@ -15,8 +15,9 @@ import structlog
 
 from pollux.launcher.launcher import Launcher
 from pollux.launcher.replica import batches
-from pollux.service.errors import NotFound, Violations, shown
+from pollux.service.errors import NotFound, Violations
 from pollux.service.rpc import annotate
+from pollux.terminal import quoted
 from pollux.v1 import launcher_service_pb2 as lpb
 
 log = structlog.get_logger(__name__)
@@ -53,7 +54,7 @@ class LauncherServicer:
         if replica is None:
             newer = f" of generation >= {request.min_generation}" if request.min_generation else ""
             raise NotFound(
-                f"no replica{newer} of job {shown(request.job_id)} with rank {request.rank} on "
+                f"no replica{newer} of job {quoted(request.job_id)} with rank {request.rank} on "
                 f"node {self._launcher.node_name!r}; ListReplicas shows the ones here"
             )
         annotate(rank=request.rank, generation=replica.generation, follow=request.follow)

@@ -1,22 +1,14 @@
 """The launcher's watchdog: a separate process that kills the node's replicas when its lease lapses.
 
-A launcher that stops acting without dying (SIGSTOP, a hung event loop, an etcd it cannot
-reach) cannot stop its own replicas, and the cluster re-places its jobs once its lease expires.
-So each launcher starts one watchdog (`python -m pollux.launcher.watchdog TOKEN [RUNTIME
-BINARY]`, in its own session so a signal to the launcher's process group does not reach it)
-and, after every successful lease refresh, writes one line to the watchdog's stdin:
-
-    lease <deadline>
-
-`deadline` is CLOCK_MONOTONIC seconds (system-wide on Linux, so both processes read the same
-clock): the time the refresh was *sent* plus the ttl minus `fence.fence_margin`, which is
-before etcd can expire the lease. Whenever the newest deadline has passed, the watchdog
-SIGKILLs every process carrying the node's fence token (fence.py), and does so again every
-`RESCAN_S` until a newer deadline arrives, so nothing started meanwhile survives either. When
-its stdin closes (the launcher exited or was killed) it kills them once more and exits. On a
-launcher with a container runtime, each sweep also removes the node's containers by their
-fence label (containers.remove_fenced): a container's processes carry the token too, but the
-container itself must go as well.
+A launcher that stops acting without dying (SIGSTOP, a hung loop, etcd out of reach) cannot
+stop its replicas, and the cluster re-places its jobs once its lease expires. So each launcher
+starts one watchdog (`python -m pollux.launcher.watchdog TOKEN [RUNTIME BINARY]`, in its own
+session) and after every successful lease refresh writes ``lease <deadline>`` to its stdin:
+CLOCK_MONOTONIC seconds (one clock for both processes), the refresh's send time plus the ttl
+minus `fence.fence_margin`, before etcd can expire the lease. Past the newest deadline the
+watchdog SIGKILLs every process carrying the node's fence token (fence.py), again every
+`RESCAN_S` until a newer deadline comes, and removes the node's containers by their fence
+label (containers.remove_fenced); when its stdin closes it sweeps once more and exits.
 """
 
 from __future__ import annotations

@@ -17,11 +17,11 @@ def redacted(job: pb.Job) -> pb.Job:
     """The job as the API returns it: secret environment values replaced."""
     if not job.spec.secret_env:
         return job
-    shown = pb.Job()
-    shown.CopyFrom(job)
-    for name in shown.spec.secret_env:
-        shown.spec.secret_env[name] = SECRET_SHOWN
-    return shown
+    out = pb.Job()
+    out.CopyFrom(job)
+    for name in out.spec.secret_env:
+        out.spec.secret_env[name] = SECRET_SHOWN
+    return out
 
 
 def owner_filter(principal: auth.Principal) -> str | None:

@@ -22,10 +22,10 @@ from pollux.service.errors import (
     NotFound,
     PermissionDenied,
     Violations,
-    shown,
 )
 from pollux.service.keys import Kind
 from pollux.service.store import Delete, Expect, Put, Store
+from pollux.terminal import quoted
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import admin_service_pb2_grpc as apb_grpc
 from pollux.v1 import types_pb2 as pb
@@ -84,17 +84,17 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         v.check(
             USER_NAME.fullmatch(request.user) is not None,
             "user",
-            f"{shown(request.user)} is not a user name "
+            f"{quoted(request.user)} is not a user name "
             "(1-63 of [a-z0-9._-], starting with a letter)",
         )
-        v.check(role in (auth.USER, auth.ADMIN), "role", f"{shown(role)} must be user or admin")
+        v.check(role in (auth.USER, auth.ADMIN), "role", f"{quoted(role)} must be user or admin")
         v.check(request.ttl_s <= MAX_TTL_S, "ttl_s", f"at most {MAX_TTL_S} (10 years); 0: never")
         v.check(len(request.description) <= 256, "description", "at most 256 characters")
         if request.tenant:
             v.check(
                 TENANT_NAME.fullmatch(request.tenant) is not None,
                 "tenant",
-                f"{shown(request.tenant)} is not a tenant name",
+                f"{quoted(request.tenant)} is not a tenant name",
             )
         v.raise_if_any()
         if (
@@ -102,7 +102,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             and await self.store.get(self.store.keys.tenant(request.tenant), pb.Tenant) is None
         ):
             raise NotFound(
-                f"tenant {shown(request.tenant)} does not exist: create it first "
+                f"tenant {quoted(request.tenant)} does not exist: create it first "
                 "(pollux-cli admin tenant put)"
             )
         made = auth.new_token()
@@ -173,7 +173,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         v.check(
             TENANT_NAME.fullmatch(tenant.name) is not None,
             "tenant.name",
-            f"{shown(tenant.name)} is not a tenant name "
+            f"{quoted(tenant.name)} is not a tenant name "
             "(1-63 of [a-z0-9-], starting with a letter)",
         )
         if tenant.weight == 0:
@@ -209,7 +209,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         key = self.store.keys.tenant(request.name) if TENANT_NAME.fullmatch(request.name) else None
         entry = await self.store.get(key, pb.Tenant) if key is not None else None
         if key is None or entry is None:
-            raise NotFound(f"tenant {shown(request.name)} not found (pollux-cli admin tenant ls)")
+            raise NotFound(f"tenant {quoted(request.name)} not found (pollux-cli admin tenant ls)")
         await self.store.txn([Delete(key)], expect=[Expect(key, entry.mod_revision)])
         return apb.DeleteTenantResponse()
 

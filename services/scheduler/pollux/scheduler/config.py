@@ -41,8 +41,8 @@ class SchedulingConfig:
     their own clock (pollux.policy.placement; but a user of a tenant holding no GPU takes
     one from a user holding two or more). "full": re-plan every job, the periodic timer
     restarting from the round; an arrival and a departure in the same minute then move the
-    running jobs twice (more restarts per job on the simulator: README "Beyond Pollux").
-    With tenants every round is a full one."""
+    running jobs twice (more restarts per job on the simulator: docs/results.md, "The jct
+    mode: further runs and discussion"). With tenants every round is a full one."""
     restart_delay_s: float = 30.0
     """Expected cost of a re-allocation, for the Pollux policies' restart penalty."""
     seed: int = 0

@@ -1,18 +1,15 @@
 """One scheduling round as a pure plan over a snapshot (docs/architecture.md §1 item 4).
 
 `plan_round` takes the cluster `Snapshot` read at one etcd revision and returns every write
-the round makes; the scheduler commits them in fenced transactions. The phases:
-
-1. reconcile replica reports with job states (running, succeeded, failed, planned stops,
-   cancellations, vanished nodes);
-2. build the policy's `ClusterState` from the active jobs and their published models;
-3. run the policy (pure, seeded) for a full round or a *placement* round (an event-triggered
-   one under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs),
-   decided as the simulator decides it (pollux.policy.rounds);
-4. diff against current allocations: new allocations get the next generation, and job states
-   follow (ALLOCATED, RESCALING, PENDING); 5. (scheduler) commit; 6. record the decision.
-Nothing here performs I/O, reads a clock or draws randomness of its own, so a round can be
-replayed from its snapshot.
+the round makes; the scheduler commits them in fenced transactions. The phases: (1) reconcile
+replica reports with job states (running, succeeded, failed, planned stops, cancellations,
+vanished nodes); (2) build the policy's `ClusterState` from the active jobs and their models;
+(3) run the policy (pure, seeded) for a full round or a *placement* round (event-triggered
+under `scheduling.event_rounds = "place"`: the jobs that never ran, on the free GPUs), decided
+as the simulator decides it (pollux.policy.rounds); (4) diff against current allocations: new
+allocations get the next generation, and job states follow (ALLOCATED, RESCALING, PENDING);
+(5) the scheduler commits; (6) it records the decision. Nothing here performs I/O, reads a
+clock or draws randomness of its own, so a round can be replayed from its snapshot.
 """
 
 from __future__ import annotations
@@ -47,7 +44,7 @@ from pollux.policy.types import (
     Policy,
     TenantSpec,
 )
-from pollux.scheduler.lifecycle import ACTIVE, S, clipped, transition
+from pollux.scheduler.lifecycle import ACTIVE, clipped, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
 
@@ -326,7 +323,7 @@ def _reconcile(
     allocation = job.allocation
     if job.cancel_requested:
         _release(job, now, plan)
-        transition(job, S.JOB_STATE_CANCELLED, now, f"cancelled by {job.cancel_reason or 'user'}")
+        transition(job, pb.JOB_STATE_CANCELLED, now, f"cancelled by {job.cancel_reason or 'user'}")
         return True
     if not allocation.nodes:
         return False
@@ -335,7 +332,7 @@ def _reconcile(
     if lost:
         _release(job, now, plan)
         job.restarts += 1
-        transition(job, S.JOB_STATE_PENDING, now, f"node {', '.join(lost)} left the cluster")
+        transition(job, pb.JOB_STATE_PENDING, now, f"node {', '.join(lost)} left the cluster")
         return True
     current = [statuses.get(rank) for rank in range(len(allocation.nodes))]
     mine = [s for s in current if s is not None and s.generation == allocation.generation]
@@ -353,14 +350,14 @@ def _reconcile(
             what = f"replica {full.rank} on {full.node} exited {full.exit_code}"
             transition(
                 job,
-                S.JOB_STATE_FAILED,
+                pb.JOB_STATE_FAILED,
                 now,
                 f"{what} on a full disk, not restarted (free space, then resubmit): "
                 f"{full.output_tail}",
             )
         elif job.failures > job.spec.max_failures:
             _release(job, now, plan)
-            transition(job, S.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures{said}")
+            transition(job, pb.JOB_STATE_FAILED, now, f"{what}; {job.failures} failures{said}")
         else:
             nodes_again = tuple(allocation.nodes)
             _reallocate(
@@ -374,7 +371,7 @@ def _reconcile(
         return True
     if len(exited) == len(allocation.nodes) and all(s.exit_code == 0 for s in exited):
         _release(job, now, plan)
-        transition(job, S.JOB_STATE_SUCCEEDED, now, "every replica exited 0")
+        transition(job, pb.JOB_STATE_SUCCEEDED, now, "every replica exited 0")
         return True
     planned = [s for s in exited if s.exit_code == PLANNED_STOP]
     if planned:
@@ -389,12 +386,12 @@ def _reconcile(
         return True
     running = [s for s in mine if s.phase in (pb.REPLICA_PHASE_RUNNING, pb.REPLICA_PHASE_EXITED)]
     if len(running) == len(allocation.nodes) and job.state in (
-        S.JOB_STATE_ALLOCATED,
-        S.JOB_STATE_RESCALING,
+        pb.JOB_STATE_ALLOCATED,
+        pb.JOB_STATE_RESCALING,
     ):
         transition(
             job,
-            S.JOB_STATE_RUNNING,
+            pb.JOB_STATE_RUNNING,
             now,
             f"{len(running)} replica{'s' * (len(running) != 1)} running",
         )
@@ -444,7 +441,7 @@ def _reallocate(
         job.allocation.generation = generation - 1
         plan.allocations[job.id] = None
         job.restarts += 1
-        transition(job, S.JOB_STATE_PENDING, now, reason or "suspended")
+        transition(job, pb.JOB_STATE_PENDING, now, reason or "suspended")
         return
     job.allocation.nodes.extend(nodes)
     job.allocation.generation = generation
@@ -456,11 +453,11 @@ def _reallocate(
     gpus = f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''} on {', '.join(sorted(set(nodes)))}"
     if had:
         job.restarts += 1
-        transition(job, S.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
-    elif job.state == S.JOB_STATE_PENDING:
-        transition(job, S.JOB_STATE_ALLOCATED, now, f"{reason}: {gpus}")
+        transition(job, pb.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
+    elif job.state == pb.JOB_STATE_PENDING:
+        transition(job, pb.JOB_STATE_ALLOCATED, now, f"{reason}: {gpus}")
     else:
-        transition(job, S.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
+        transition(job, pb.JOB_STATE_RESCALING, now, f"{reason}: {gpus}")
 
 
 def cluster_state(

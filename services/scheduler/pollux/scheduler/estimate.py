@@ -33,6 +33,10 @@ class Estimate:
     rounds: int
 
 
+FINE_ROUNDS = 240
+"""Rounds an estimate plays at the live scheduler's interval before coarser ones."""
+
+
 def reference_work(model: pb.JobModel) -> float | None:
     """An earlier run's size, progress + declared remaining work (M0-steps), if it has one."""
     if not model.HasField("throughput") or not model.HasField("work"):
@@ -52,6 +56,7 @@ def estimate(
     *,
     round_s: float,
     restart_delay_s: float,
+    live_round_s: float | None = None,
 ) -> Estimate | None:
     """The forecast completion of `spec` submitted at `state.now`; None if not within reach.
 
@@ -75,14 +80,22 @@ def estimate(
         remaining_work=work,
     )
     caps = {NEW_JOB: int(spec.max_replicas)} if spec.max_replicas else None
-    result = forecast(
-        replace(state, jobs=(*state.jobs, new)),
-        policy,
-        round_s=round_s,
-        restart_delay_s=restart_delay_s,
-        caps=caps,
-        until=NEW_JOB,
-    )
-    if NEW_JOB not in result.completion:
-        return None
-    return Estimate(result.completion[NEW_JOB], work, result.rounds)
+    # At the live scheduler's own rounds first, as far as FINE_ROUNDS reach: a short job
+    # then starts when the live one would, not a whole coarse round later (a 30 s job was
+    # once estimated at 5 minutes). Beyond them, the coarse rounds bound the cost.
+    grains = [(live_round_s, FINE_ROUNDS)] if live_round_s and live_round_s < round_s else []
+    played = 0
+    for grain, rounds in [*grains, (round_s, 10_000)]:
+        result = forecast(
+            replace(state, jobs=(*state.jobs, new)),
+            policy,
+            round_s=grain,
+            restart_delay_s=restart_delay_s,
+            max_rounds=rounds,
+            caps=caps,
+            until=NEW_JOB,
+        )
+        played += result.rounds
+        if NEW_JOB in result.completion:
+            return Estimate(result.completion[NEW_JOB], work, played)
+    return None

@@ -39,6 +39,7 @@ class Forecaster:
         interval_s: Seconds between forecasts; 0 disables them.
         round_s: Seconds per forecast round (coarser than the scheduler's to bound the cost).
         restart_delay_s: Pause charged to a re-allocated job that measured none.
+        live_round_s: The scheduler's own interval: an estimate's first rounds use it.
         clock: Wall-clock seconds.
     """
 
@@ -50,6 +51,7 @@ class Forecaster:
         interval_s: float,
         round_s: float,
         restart_delay_s: float,
+        live_round_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mirror = mirror
@@ -57,6 +59,7 @@ class Forecaster:
         self.interval_s = interval_s
         self.round_s = round_s
         self.restart_delay_s = restart_delay_s
+        self.live_round_s = live_round_s
         self.clock = clock
         self.completion: dict[str, float] = {}
         """Predicted completion (wall-clock seconds) per job of the latest forecast."""

@@ -13,8 +13,6 @@ from __future__ import annotations
 from pollux.terminal import escape_controls
 from pollux.v1 import types_pb2 as pb
 
-S = pb.JobState
-
 MAX_RECENT_HISTORY = 64
 """Latest transitions a job keeps besides its first (submission). Rescaling adds one or two per
 round, forever; the latest 64 cover hours of a busy job, which is what "why is it pending,
@@ -24,47 +22,47 @@ MAX_REASON_CHARS = 256
 carry policy and replica text, which is unbounded in principle."""
 
 TRANSITIONS: dict[int, frozenset[int]] = {
-    S.JOB_STATE_PENDING: frozenset(
+    pb.JOB_STATE_PENDING: frozenset(
         {
-            S.JOB_STATE_ALLOCATED,  # a round gave it GPUs
-            S.JOB_STATE_CANCELLED,  # user cancelled before it ran
+            pb.JOB_STATE_ALLOCATED,  # a round gave it GPUs
+            pb.JOB_STATE_CANCELLED,  # user cancelled before it ran
         }
     ),
-    S.JOB_STATE_ALLOCATED: frozenset(
+    pb.JOB_STATE_ALLOCATED: frozenset(
         {
-            S.JOB_STATE_RUNNING,  # every replica of the allocation reported running
-            S.JOB_STATE_RESCALING,  # re-allocated (or a replica failed) before all started
-            S.JOB_STATE_PENDING,  # the policy took its GPUs back (or its node vanished)
-            S.JOB_STATE_SUCCEEDED,  # replicas finished before a running report was seen
-            S.JOB_STATE_FAILED,  # replicas failed more than max_failures times
-            S.JOB_STATE_CANCELLED,  # user cancelled
+            pb.JOB_STATE_RUNNING,  # every replica of the allocation reported running
+            pb.JOB_STATE_RESCALING,  # re-allocated (or a replica failed) before all started
+            pb.JOB_STATE_PENDING,  # the policy took its GPUs back (or its node vanished)
+            pb.JOB_STATE_SUCCEEDED,  # replicas finished before a running report was seen
+            pb.JOB_STATE_FAILED,  # replicas failed more than max_failures times
+            pb.JOB_STATE_CANCELLED,  # user cancelled
         }
     ),
-    S.JOB_STATE_RUNNING: frozenset(
+    pb.JOB_STATE_RUNNING: frozenset(
         {
-            S.JOB_STATE_RESCALING,  # new allocation, a replica failed, or a planned stop
-            S.JOB_STATE_PENDING,  # preempted: the policy took every GPU
-            S.JOB_STATE_SUCCEEDED,  # every replica exited 0
-            S.JOB_STATE_FAILED,  # too many replica failures
-            S.JOB_STATE_CANCELLED,  # user cancelled
+            pb.JOB_STATE_RESCALING,  # new allocation, a replica failed, or a planned stop
+            pb.JOB_STATE_PENDING,  # preempted: the policy took every GPU
+            pb.JOB_STATE_SUCCEEDED,  # every replica exited 0
+            pb.JOB_STATE_FAILED,  # too many replica failures
+            pb.JOB_STATE_CANCELLED,  # user cancelled
         }
     ),
-    S.JOB_STATE_RESCALING: frozenset(
+    pb.JOB_STATE_RESCALING: frozenset(
         {
-            S.JOB_STATE_RUNNING,  # every replica of the new generation reported running
-            S.JOB_STATE_PENDING,  # preempted while rescaling
-            S.JOB_STATE_SUCCEEDED,  # finished during the restart
-            S.JOB_STATE_FAILED,  # too many replica failures
-            S.JOB_STATE_CANCELLED,  # user cancelled
+            pb.JOB_STATE_RUNNING,  # every replica of the new generation reported running
+            pb.JOB_STATE_PENDING,  # preempted while rescaling
+            pb.JOB_STATE_SUCCEEDED,  # finished during the restart
+            pb.JOB_STATE_FAILED,  # too many replica failures
+            pb.JOB_STATE_CANCELLED,  # user cancelled
         }
     ),
-    S.JOB_STATE_SUCCEEDED: frozenset(),
-    S.JOB_STATE_FAILED: frozenset(),
-    S.JOB_STATE_CANCELLED: frozenset(),
+    pb.JOB_STATE_SUCCEEDED: frozenset(),
+    pb.JOB_STATE_FAILED: frozenset(),
+    pb.JOB_STATE_CANCELLED: frozenset(),
 }
 
-TERMINAL = frozenset({S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED})
-ACTIVE = frozenset(TRANSITIONS) - TERMINAL - {S.JOB_STATE_UNSPECIFIED}
+TERMINAL = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+ACTIVE = frozenset(TRANSITIONS) - TERMINAL - {pb.JOB_STATE_UNSPECIFIED}
 
 
 class IllegalTransition(Exception):
@@ -72,7 +70,8 @@ class IllegalTransition(Exception):
 
     def __init__(self, job_id: str, source: int, target: int) -> None:
         super().__init__(
-            f"job {job_id}: {S.Name(source)} → {S.Name(target)} is not a lifecycle transition"
+            f"job {job_id}: {pb.JobState.Name(source)} → {pb.JobState.Name(target)} "
+            "is not a lifecycle transition"
         )
         self.job_id = job_id
         self.source = source
@@ -107,4 +106,4 @@ def _trim_history(job: pb.Job) -> None:
 
 def state_name(state: int) -> str:
     """Short state name for messages: "RUNNING"."""
-    return S.Name(state).removeprefix("JOB_STATE_")
+    return pb.JobState.Name(state).removeprefix("JOB_STATE_")

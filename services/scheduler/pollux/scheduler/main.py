@@ -142,6 +142,7 @@ class SchedulerApp(ServiceApp):
             interval_s=scheduling.forecast_interval_s,
             round_s=scheduling.forecast_round_s,
             restart_delay_s=scheduling.restart_delay_s,
+            live_round_s=scheduling.interval_s,
         )
         servicer = SchedulerServicer(
             store,
@@ -155,6 +156,7 @@ class SchedulerApp(ServiceApp):
             seed_profiles=scheduling.seed_profiles,
             limits=limits,
         )
+        self.servicer = servicer
         self.dashboard = (
             Dashboard(
                 servicer,
@@ -190,6 +192,7 @@ class SchedulerApp(ServiceApp):
         self.forecaster.start()
         if self.dashboard is not None:
             await self.dashboard.start()
+            self.servicer.dashboard_url = self.dashboard.url
 
     async def stop(self) -> None:
         """Stop the dashboard, forecasting and serving, then write the queued audit records."""

@@ -1,24 +1,16 @@
 """Finished jobs leave etcd: their side state after a grace period, their records after retention.
 
-Nothing else ever removes what a job leaves behind, and every round and ClusterStatus read
-grows with it, until etcd's quota stops the cluster. The leader sweeps every
-`sweep_interval_s`:
-
-- a job that ended more than `finished_grace_s` ago loses its side state — replica statuses,
-  model, observation profile, allocation and idempotency key (`store.side_state_deletes`). The
-  grace lets a launcher's late exit report land and lets `describe` show the last replicas for
-  a while; a SubmitJob retried after it creates a new job. The newest run of each owner's
-  job name keeps its model and observation profile for `profile_days` more, until a newer run
-  of the name supersedes it (the newer run was seeded from them, so they live on there), at
-  most `profile_max_jobs` of them: a re-run submitted a day later still starts from the step
-  times its name measured (`pollux.service.seeding`);
-- a job that ended more than `retention_days` ago loses its record and its timeline too
-  (`store.record_deletes`), so GetJob answers NOT_FOUND from then on; until then it stays
-  queryable, and its timeline can be plotted.
-
-The plan is a pure function of the job records and the clock (`plan_sweep`); `sweep` applies
-it in fenced transactions (a deposed leader deletes nothing), each conditional on the record's
-mod revision, so a record that changed meanwhile (deleted by its user) is skipped.
+Nothing else removes what a job leaves behind, and every round and ClusterStatus read grows
+with it until etcd's quota stops the cluster. The leader sweeps every `sweep_interval_s`: a
+job ended over `finished_grace_s` ago loses its side state (replica statuses, model, profile,
+allocation, idempotency key: `store.side_state_deletes`; the grace lets a late exit report
+land and `describe` show the last replicas), except that the newest run of each owner's job
+name keeps its model and profile for `profile_days` more (at most `profile_max_jobs`), so a
+re-run still starts from what its name measured (`pollux.service.seeding`); a job ended over
+`retention_days` ago loses its record and timeline too (`store.record_deletes`: GetJob then
+answers NOT_FOUND). The plan is a pure function of the records and the clock (`plan_sweep`);
+`sweep` applies it in fenced transactions (a deposed leader deletes nothing), each conditional
+on the record's mod revision, so a record that changed meanwhile is skipped.
 """
 
 from __future__ import annotations

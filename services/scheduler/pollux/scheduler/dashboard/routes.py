@@ -3,15 +3,15 @@
 The page is a small hash-routed single page (``#/`` cluster, ``#/jobs``, ``#/jobs/<id>``), so
 the server knows only its files; every other path under ``/api/v1/`` is a JSON endpoint:
 
-- ``/api/v1/cluster``: nodes, GPUs per node and per job, agents, leader, jobs by state
-  (ClusterStatus);
-- ``/api/v1/utilisation``: allocated / total GPUs over time, per node (this replica's ring);
-- ``/api/v1/jobs``: jobs newest first, with the query ``state``, ``name_prefix``, ``owner``,
-  ``limit`` and ``page_token`` (ListJobs);
+- ``/api/v1/cluster`` (ClusterStatus); ``/api/v1/utilisation``: allocated / total GPUs over
+  time, per node (this replica's ring);
+- ``/api/v1/jobs``: jobs newest first; query ``state``, ``name_prefix``, ``owner``, ``limit``,
+  ``page_token`` (ListJobs);
 - ``/api/v1/jobs/<id>``: one job, by id, unique prefix or name (GetJob);
 - ``/api/v1/jobs/<id>/timeline``: its sampled life, restarts and predicted progress (GetJob,
   GetJobTimeline);
-- ``/api/v1/jobs/<id>/explain``: its explain record (Explain).
+- ``/api/v1/jobs/<id>/explain`` (Explain); ``/api/v1/jobs/<id>/logs``: a replica's last lines,
+  query ``rank`` and ``tail`` (StreamLogs, not followed: the page asks at every refresh).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Endpoint(StrEnum):
     JOB = "job"
     TIMELINE = "timeline"
     EXPLAIN = "explain"
+    LOGS = "logs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,8 @@ def route(path: str, files: Container[str]) -> Route:
                 return Route(endpoint=Endpoint.TIMELINE, job_id=job_id)
             case ["jobs", job_id, "explain"] if _job_ref(job_id):
                 return Route(endpoint=Endpoint.EXPLAIN, job_id=job_id)
+            case ["jobs", job_id, "logs"] if _job_ref(job_id):
+                return Route(endpoint=Endpoint.LOGS, job_id=job_id)
         raise NoRoute(path, api=True)
     if path in files:
         return Route(static=path)

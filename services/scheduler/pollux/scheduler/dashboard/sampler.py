@@ -87,9 +87,9 @@ class UtilisationRing:
             picked = [samples[int(i * stride)] for i in range(points - 1)]
             samples = [*picked, samples[-1]]
         names = sorted(samples[-1].nodes) if samples else []
-        shown = names[:MAX_NODE_SERIES]
+        plotted = names[:MAX_NODE_SERIES]
         series: dict[str, tuple[list[int | None], list[int | None]]] = {
-            name: ([], []) for name in shown
+            name: ([], []) for name in plotted
         }
         indexes: dict[int, dict[str, int]] = {}  # consecutive samples share one node tuple
         for sample in samples:
@@ -112,7 +112,7 @@ class UtilisationRing:
             "running_jobs": [s.running_jobs for s in samples],
             "pending_jobs": [s.pending_jobs for s in samples],
             "nodes": nodes,
-            "nodes_truncated": len(names) > len(shown),
+            "nodes_truncated": len(names) > len(plotted),
         }
 
 

@@ -1,26 +1,16 @@
 """`Dashboard`: the read-only web dashboard a scheduler replica serves (`dashboard_listen`).
 
 An HTTP/1.1 server on the replica's own asyncio loop (`asyncio.start_server`, stdlib only;
-`protocol` parses, `routes` maps paths) serving a static single page and JSON endpoints under
+`protocol` parses, `routes` maps paths) serving a static single page and JSON under
 ``/api/v1/``. The JSON comes from the replica's `SchedulerServicer`, called in-process, so a
-page sees exactly what the gRPC API would answer, checked by the same code:
-
-- **Authentication** as on the gRPC port: with TLS on, the dashboard serves HTTPS with the
-  replica's own server certificate (re-read when renewed, as gRPC does) and every ``/api/``
-  request must carry ``Authorization: Bearer <API token>``, verified by the replica's
-  `pollux.service.auth.Authenticator` (the same object the RPC observer uses); the principal is
-  bound for the servicer, so a user sees only their own jobs. Without TLS (loopback, or
-  ``--insecure``) every caller is `auth.LOCAL`, an admin, as on the gRPC port; a loopback
-  dashboard then answers only requests whose Host is a loopback name, so a web page that
-  rebinds its DNS name to 127.0.0.1 cannot read it.
-- **Errors**: the servicer's typed errors go through `errors.status_of` (the gRPC table) and
-  then to an HTTP status (`HTTP_STATUS`), with ``{"error": message, "code": "NOT_FOUND"}``.
-- **Headers**: a Content-Security-Policy of ``default-src 'self'`` (the page has no inline
-  script or style, and uPlot is vendored), ``nosniff``, no framing, no referrer; API answers
-  are ``Cache-Control: no-store``.
-
-The static files are public: they hold no data. The page asks for a token when the API
-answers 401 and keeps it in the tab's sessionStorage (or takes it once from ``#token=...``).
+page sees exactly what the gRPC API answers, checked by the same code. With TLS it serves HTTPS
+with the replica's certificate and every ``/api/`` request carries ``Authorization: Bearer
+<API token>``, verified by the replica's `Authenticator`; without TLS every caller is
+`auth.LOCAL` and a loopback dashboard answers only a loopback Host (no DNS rebinding). The
+servicer's typed errors map through `errors.status_of` to an HTTP status (`HTTP_STATUS`) and
+``{"error": message, "code": "NOT_FOUND"}``; every answer carries a strict
+Content-Security-Policy, ``nosniff``, no framing, no referrer, and API answers ``no-store``.
+The static files hold no data and are public (docs/architecture.md §5, "Dashboard").
 """
 
 from __future__ import annotations
@@ -45,7 +35,7 @@ from pollux.scheduler.dashboard.sampler import DEFAULT_POINTS, UtilisationRing, 
 from pollux.scheduler.servicer import Context, SchedulerServicer
 from pollux.service import auth
 from pollux.service.config import ConfigError
-from pollux.service.errors import InvalidArgument, status_of
+from pollux.service.errors import InvalidArgument, NotFound, status_of
 from pollux.service.store import cancel_and_wait
 from pollux.service.tls import TlsFiles, is_loopback
 from pollux.v1 import scheduler_service_pb2 as spb
@@ -396,6 +386,7 @@ class Dashboard:
             routes.Endpoint.EXPLAIN: lambda: servicer.Explain(
                 spb.ExplainRequest(job_id=job_id), call
             ),
+            routes.Endpoint.LOGS: lambda: self._logs(job_id, query, call),
         }
         assert found.endpoint is not None
         answer = await handlers[found.endpoint]()
@@ -423,6 +414,21 @@ class Dashboard:
 
     async def _jobs(self, query: dict[str, str], call: Context) -> spb.ListJobsResponse:
         return await self.servicer.ListJobs(views.jobs_request(query), call)
+
+    async def _logs(self, job_id: str, query: dict[str, str], call: Context) -> dict[str, Any]:
+        """The newest replica's last lines (views.logs_request bounds the query)."""
+        request = views.logs_request(job_id, query)
+        lines: list[str] = []
+        generation = 0
+        try:
+            async for chunk in self.servicer.StreamLogs(request, call):
+                generation = int(chunk.generation)
+                lines.extend(chunk.lines)
+        except NotFound as missing:
+            job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job
+            return views.logs_view(job, request.rank, 0, [], note=str(missing))
+        job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job
+        return views.logs_view(job, request.rank, generation, lines[-request.tail_lines :])
 
     async def _timeline(self, job_id: str, call: Context) -> dict[str, Any]:
         job = (await self.servicer.GetJob(spb.GetJobRequest(job_id=job_id), call)).job

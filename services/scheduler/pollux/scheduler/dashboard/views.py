@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from pollux.service.errors import InvalidArgument
+from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
@@ -157,7 +158,8 @@ def timeline_view(job: pb.Job, timeline: pb.JobTimeline) -> dict[str, Any]:
     ``times`` are the points' times in seconds, ``predicted_progress`` and ``restarts`` as
     above, ``m0`` the job's initial batch size, ``completion`` the job's estimated completion
     (seconds) with the progress it would then have reached (the last point's progress plus its
-    declared remaining work), when the scheduler estimates one.
+    declared remaining work), when the scheduler estimates one; ``metric_names`` the names
+    of the values the job logged (each point's ``user_metrics``).
     """
     points = list(timeline.points)
     m0 = job.spec.batch.initial_batch_size
@@ -179,5 +181,53 @@ def timeline_view(job: pb.Job, timeline: pb.JobTimeline) -> dict[str, Any]:
         "predicted_progress": predicted_progress(points, m0),
         "restarts": restarts(points),
         "generations": sorted({p.generation for p in points}),
+        "metric_names": sorted({name for p in points for name in p.user_metrics}),
         "completion": completion,
+    }
+
+
+MAX_LOG_LINES = 1000
+"""Most lines the job page asks for at once (its default: DEFAULT_LOG_LINES)."""
+DEFAULT_LOG_LINES = 200
+
+
+def logs_request(job_id: str, query: Mapping[str, str]) -> lpb.StreamLogsRequest:
+    """The StreamLogs request of ``/jobs/<id>/logs?rank=R&tail=N`` (not followed).
+
+    Raises:
+        InvalidArgument: An unknown parameter, or a rank or tail that is not a number in range.
+    """
+    problems = [(name[:32], "unknown parameter (known: rank, tail)") for name in query]
+    problems = [p for p in problems if p[0] not in ("rank", "tail")]
+    numbers = {"rank": 0, "tail": DEFAULT_LOG_LINES}
+    for name, top in (("rank", 65_535), ("tail", MAX_LOG_LINES)):
+        text = query.get(name, "")
+        if not text:
+            continue
+        if text.isdigit() and (name == "rank" or int(text) >= 1) and int(text) <= top:
+            numbers[name] = int(text)
+        else:
+            low = 0 if name == "rank" else 1
+            problems.append((name, f"{text[:16]!r} must be a number from {low} to {top}"))
+    if problems:
+        raise InvalidArgument(problems)
+    return lpb.StreamLogsRequest(
+        job_id=job_id, rank=numbers["rank"], follow=False, tail_lines=numbers["tail"]
+    )
+
+
+def logs_view(
+    job: pb.Job, rank: int, generation: int, lines: Sequence[str], note: str = ""
+) -> dict[str, Any]:
+    """The job page's log card: the lines, their replica and generation, why there are none.
+
+    The lines are as written: the page shows their control characters visibly.
+    """
+    return {
+        "job_id": job.id,
+        "state": pb.JobState.Name(job.state).removeprefix("JOB_STATE_"),
+        "rank": rank,
+        "generation": generation,
+        "lines": list(lines),
+        "note": note,
     }

@@ -245,7 +245,8 @@ function plural(n, noun) {
       width,
       height: height || 230,
       series: [{ label: "time", value: (u, v) => (v === null ? "" : fmtTime(v)) }, ...seriesList],
-      axes: axes,
+      // Time labels at least 110 px apart, so that they never run into each other.
+      axes: [Object.assign({ space: 110 }, axes[0] || {}), ...axes.slice(1)],
       scales: Object.assign({ x: { time: true } }, scales || {}),
       legend: { live: true },
       cursor: { drag: { x: true, y: false } },
@@ -294,7 +295,7 @@ function plural(n, noun) {
     }
     const times = util.times || [];
     const grid = h("div", { class: "grid" });
-    grid.append(chartCard("GPU utilisation", "every " + fmtNum(util.interval_s) + " s, this replica", (width) => {
+    grid.append(chartCard("GPUs allocated", "every " + fmtNum(util.interval_s) + " s, this replica", (width) => {
       if (!times.length) return null;
       return {
         opts: baseOptions(width, 240, [
@@ -333,7 +334,7 @@ function plural(n, noun) {
       { title: "GPUs", num: true, cell: (n) => String(n.node.gpus) },
       { title: "allocated", num: true, cell: (n) => String(n.allocated_gpus) },
       { title: "", cell: (n) => bar(n.node.gpus ? n.allocated_gpus / n.node.gpus : 0) },
-      { title: "jobs (GPUs)", cell: (n) => jobsOnNode(n.jobs || []) },
+      { title: "jobs (GPUs)", cell: (n) => jobsOnNode(n.jobs || [], names) },
       { title: "type", cell: (n) => n.node.gpu_type || "" },
       { title: "address", cell: (n) => h("span", { class: "mono" }, n.node.address) },
     ], nodes, "No node has registered.")));
@@ -351,14 +352,36 @@ function plural(n, noun) {
     return page;
   }
 
-  function jobsOnNode(ids) {
+  // The jobs on a node by name (the id where the name is not known), with their GPUs there.
+  function jobsOnNode(ids, names) {
     const counts = new Map();
     for (const id of ids) counts.set(id, (counts.get(id) || 0) + 1);
     const out = h("span");
     for (const [id, n] of counts) {
-      out.append(jobLink(id), " ×" + n + "  ");
+      const job = names[id];
+      out.append(jobLink(id, job ? job.spec.name : id), " ×" + n + "  ");
     }
     return out;
+  }
+
+  // Control characters of a job's output shown as text (\x1b), never acted on.
+  function visible(line) {
+    return String(line).replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+      (c) => {
+        const code = c.charCodeAt(0);
+        return code < 0x100 ? "\\x" + code.toString(16).padStart(2, "0") : "\\u" + code.toString(16).padStart(4, "0");
+      });
+  }
+
+  function logsCard(logs) {
+    const where = logs.generation ? "rank " + logs.rank + ", generation " + logs.generation : "rank " + logs.rank;
+    const body = logs.lines.length
+      ? h("pre", { class: "log", id: "log" }, logs.lines.map(visible).join("\n"))
+      : h("p", { class: "muted", id: "log" }, logs.note || "The log is empty so far.");
+    return h("section", { class: "card" },
+      h("div", { class: "chart-title" }, h("h2", {}, "Log"),
+        h("span", { class: "chart-note" }, where + " · last " + logs.lines.length + " lines · pollux-cli logs -f " + logs.job_id)),
+      body);
   }
 
   async function jobsPage(query) {
@@ -418,10 +441,11 @@ function plural(n, noun) {
 
   async function jobPage(id) {
     const ref = encodeURIComponent(id);
-    const [answer, timeline, explain] = await Promise.all([
+    const [answer, timeline, explain, logs] = await Promise.all([
       api("jobs/" + ref),
       api("jobs/" + ref + "/timeline"),
       api("jobs/" + ref + "/explain").catch((error) => ({ error: error.message })),
+      api("jobs/" + ref + "/logs").catch((error) => ({ job_id: id, rank: 0, generation: 0, lines: [], note: error.message })),
     ]);
     const job = answer.job;
     const alloc = job.allocation || {};
@@ -451,6 +475,10 @@ function plural(n, noun) {
 
     const grid = h("div", { class: "grid", id: "timeline" });
     const col = (name) => points.map((p) => (p[name] === undefined ? null : Number(p[name])));
+    const logged = (name) => points.map((p) => {
+      const value = (p.user_metrics || {})[name];
+      return value === undefined ? null : Number(value);
+    });
     const noPoints = () => !points.length;
     grid.append(chartCard("GPUs and batch size", "", (width) => noPoints() ? null : {
       opts: baseOptions(width, 230, [
@@ -513,7 +541,25 @@ function plural(n, noun) {
         restarts: restarts.length,
       };
     }));
-    page.push(grid);
+    // The values the job logged (trainer.log), one chart each: they have their own scales.
+    for (const [i, name] of (timeline.metric_names || []).slice(0, 8).entries()) {
+      grid.append(chartCard(name, "logged by the job", (width) => noPoints() ? null : {
+        opts: baseOptions(width, 230, [series(name, COLORS[(i + 5) % COLORS.length], { spanGaps: true })],
+          [{}, { label: name, size: 60 }], restarts),
+        data: [times, logged(name)],
+        restarts: restarts.length,
+      }));
+    }
+    if (points.length) {
+      page.push(grid);
+    } else {
+      // One line, not a "nothing to plot" per chart.
+      const ended = ["SUCCEEDED", "FAILED", "CANCELLED"].includes(String(job.state).replace(/^JOB_STATE_/, ""));
+      page.push(card("Timeline", h("p", { class: "muted", id: "timeline" }, ended
+        ? "Nothing was recorded: the job ended before its first report to its agent (a job that does not use pollux.train never reports). Its history and log below say what happened."
+        : "Nothing to plot yet: the first point comes with the job's first report to its agent.")));
+    }
+    page.push(logsCard(logs));
     page.push(explainCard(explain, gpus));
     page.push(card("Spec", kv([
       ["command", h("code", {}, (job.spec.command || []).join(" "))],
