@@ -5,13 +5,15 @@ and launchers with CPU "GPU slots", each a process on loopback ports; with `--de
 the sample elastic job and follows it. The end-to-end tests and benchmarks use `LocalCluster`.
 Secure by default: a CA, certificates and an admin token in the work dir (local/pki.py), TLS
 and authentication on every port, a `pollux-cli` context written; as root every job's replicas
-run under a uid of the job's own, else it needs `--insecure-replicas` (local/workdir.py).
+run under a uid of the job's own where those uids can run the jobs (local/job_reach.py), else
+as the invoking user, said in one line (`--isolated-replicas` refuses that instead).
 SIGTERM or Ctrl-C stops it in order: launchers first (their replicas checkpoint and exit 143),
 then schedulers and agents, then etcd, so a restart on the same work dir resumes every job; a
 dead etcd member is said and started again once its disk has room (local/etcd.py).
 
     pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--policy NAME] [--demo]
-              [--workdir DIR] [--etcd-dir DIR] [--insecure-replicas] [--insecure]
+              [--workdir DIR] [--etcd-dir DIR] [--isolated-replicas | --insecure-replicas]
+              [--insecure]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import grpc
 from pollux.client import Client
 from pollux.client.config import Context, config_path, current_context, write_context
 from pollux.service.demo import follow_demo
+from pollux.service.local import job_reach
 from pollux.service.local import workdir as workdir_layout
 from pollux.service.local.etcd import LocalEtcd
 from pollux.service.local.pki import LocalPki
@@ -54,7 +57,7 @@ class LocalCluster:
     Attributes:
         workdir: Directory for etcd data, service logs, replica logs and checkpoints.
         nodes: Launchers (nodes) to start.
-        gpus_per_node: CPU slots per node.
+        gpus_per_node: CPU slots per node (unused with `real_gpus`).
         schedulers: Scheduler replicas.
         agents: Agents.
         interval_s: Scheduling interval.
@@ -72,12 +75,17 @@ class LocalCluster:
         dashboard: The first scheduler replica ("scheduler-0") serves the web dashboard on a
             free loopback port (`dashboard_port`, kept across its restarts).
         replica_isolation: Each job's replicas run under a uid of the job's own (the
-            launchers' default job_policy), which needs root. None: isolated when run as root,
-            else the replicas run as this user and the launchers are told --insecure (they warn
-            at every start); `pollux-up` itself refuses that unless told so.
+            launchers' default job_policy), which needs root and an interpreter and job dirs
+            those uids can reach (job_reach.py). True: required (`start` fails saying why it
+            cannot be); False: never, replicas run as this user (root too) and launchers are
+            told --insecure; None: where it can be, else as this user (`isolation_note` says
+            why).
+        job_dirs: Directories jobs will run in, checked for job uids with the interpreter.
         etcd_dir: Where the etcd members keep their data (default: the work dir); a
             filesystem of its own keeps a job that fills the work dir's from stopping etcd.
         policy: The schedulers' policy (`scheduling.policy`); "": their default.
+        real_gpus: The launchers serve the GPUs nvidia-smi finds on this machine (each node
+            all of them; use one node) instead of `gpus_per_node` CPU slots.
     """
 
     workdir: Path
@@ -96,13 +104,18 @@ class LocalCluster:
     job_roots: tuple[Path, ...] = ()
     """Directories jobs may run in besides the launchers' defaults (`JobPolicy`)."""
     replica_isolation: bool | None = None
+    job_dirs: tuple[Path, ...] = ()
     etcd_dir: Path | None = None
+    real_gpus: bool = False
     dashboard_port: int | None = None
     """The dashboard's port, once scheduler-0 started with it."""
     admin_token: str | None = None
     """The admin's API token (secure clusters, once started)."""
     procs: dict[str, Proc] = field(default_factory=dict)
     """The service processes (not etcd's) by name."""
+    isolation_note: str = ""
+    """Why replicas run as this user although isolation was not turned off ("" otherwise)."""
+    _reach: job_reach.Reach | None = field(default=None, init=False, repr=False)
     pki: LocalPki = field(init=False)
     """The CA, certificates and admin token (used on a secure cluster only)."""
     members: LocalEtcd = field(init=False)
@@ -119,10 +132,29 @@ class LocalCluster:
 
     @property
     def isolated(self) -> bool:
-        """Whether replicas run under their job's own uid (see `replica_isolation`)."""
-        if self.replica_isolation is None:
+        """Whether replicas run under their job's own uid (known once `start` checked)."""
+        if self.replica_isolation is False:
+            return False
+        if self._reach is None:
             return os.geteuid() == 0
-        return self.replica_isolation
+        return not self._reach.problem
+
+    def _check_isolation(self) -> None:
+        """Find whether job uids can run the jobs (`isolated`), or fail if they must and cannot.
+
+        Raises:
+            RuntimeError: `replica_isolation` is True and job uids cannot run the jobs.
+        """
+        if self.replica_isolation is False:
+            return
+        self._reach = job_reach.plan(self.workdir, self.job_dirs, _replica_path())
+        problem = self._reach.problem
+        if problem and self.replica_isolation:
+            raise RuntimeError(
+                f"replicas cannot run under a uid of their job's own: {problem}; or leave out "
+                "--isolated-replicas to run them as this user"
+            )
+        self.isolation_note = problem
 
     @property
     def admin_token_file(self) -> Path:
@@ -192,7 +224,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         """Start every process and wait until each listens."""
-        workdir_layout.prepare(self.workdir, self.pki_dir, self.etcd_dir, isolated=self.isolated)
+        workdir_layout.prepare(self.workdir, self.pki_dir, self.etcd_dir)
+        self._check_isolation()
         try:
             self.members.start()
             if self.secure:
@@ -279,10 +312,20 @@ class LocalCluster:
         # working_dir, and a local cluster's jobs are run from it (examples, tests).
         roots = dict.fromkeys([*JobPolicy().allowed_roots, *self.job_roots, REPO])
         env = {"POLLUX_LAUNCHER_JOB_POLICY__ALLOWED_ROOTS": ",".join(map(str, roots))}
+        if not self.isolated and os.geteuid() == 0:
+            # Replicas run as this user, root included: what the launcher's job_policy calls
+            # one uid for every job (its --insecure below acknowledges that).
+            env["POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID"] = "0"
+            env["POLLUX_LAUNCHER_JOB_POLICY__ALLOW_ROOT"] = "true"
+        launchers = self._reach.launchers if self._reach is not None else None
+        if launchers is not None:
+            env["PATH"] = os.pathsep.join([str(launchers), _replica_path()])
         return self._start_service(
             name,
             "pollux.launcher.main",
-            *("--node-name", name, "--gpus", str(self.gpus_per_node)),
+            *("--node-name", name),
+            # Without --gpus the launcher detects the node's GPUs (nvidia-smi).
+            *(() if self.real_gpus else ("--gpus", str(self.gpus_per_node))),
             *("--checkpoint-root", str(self.workdir / "checkpoints")),
             *("--log-root", str(self.workdir / "replica-logs")),
             *("--scratch-root", str(self.workdir / "scratch")),
@@ -355,6 +398,11 @@ REPO = Path(__file__).resolve().parents[4]
 """The checkout this module runs from (services/common/pollux/service/ is four levels down)."""
 DEMO_JOB = REPO / "examples" / "elastic_job.yaml"
 """The sample elastic job `pollux-up --demo` runs (./scripts/demo)."""
+
+
+def _replica_path() -> str:
+    """The PATH replicas inherit from a launcher (procs.spawn): this interpreter's dir first."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 def _interrupt(signum: int, frame: object) -> None:
