@@ -327,3 +327,20 @@ def test_the_section_loads_from_toml_and_the_environment(tmp_path, monkeypatch):
     assert caught.value.problems == [
         "job_policy.run_as_uid: 0 is root, which allow_root = false forbids"
     ]
+
+
+def test_a_working_dir_closed_to_other_users_is_refused_where_jobs_get_their_own_uid(tmp_path):
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    home.chmod(0o700)
+    policy = JobPolicy(allowed_roots=(tmp_path,))
+    work = str(home / "project")
+    assert refusal(policy, tmp_path, working_dir=work, launcher_uid=0) == (
+        f"working_dir {work} cannot be entered by the job's own uid, which replicas run under: "
+        f"{home} (mode 700) is closed to other users; chmod o+x {home}, or keep the job's files "
+        "under a directory others may enter"
+    )
+    # The launcher's own user runs the replicas (not root, or one uid for all): it may enter.
+    assert refusal(policy, tmp_path, working_dir=work, launcher_uid=1000) == ""
+    home.chmod(0o711)
+    assert refusal(policy, tmp_path, working_dir=work, launcher_uid=0) == ""

@@ -19,7 +19,7 @@ def mode(path: Path) -> int:
 
 def test_the_work_dir_is_traversable_and_its_keys_and_logs_private(tmp_path: Path) -> None:
     root = tmp_path / "work"
-    workdir.prepare(root, root / "pki", tmp_path / "etcd", isolated=False)
+    workdir.prepare(root, root / "pki", tmp_path / "etcd")
     assert mode(root) == 0o711
     assert mode(root / "logs") == mode(root / "pki") == mode(tmp_path / "etcd") == 0o700
 

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -40,7 +41,13 @@ from pollux.service.local import job_reach
 from pollux.service.local import workdir as workdir_layout
 from pollux.service.local.etcd import LocalEtcd
 from pollux.service.local.pki import LocalPki
-from pollux.service.local.procs import Proc, free_port, spawn, wait_for_port
+from pollux.service.local.procs import (
+    Proc,
+    free_port,
+    interpreter_first_path,
+    spawn,
+    wait_for_port,
+)
 from pollux.service.tls import TlsFiles
 
 __all__ = ["DEMO_JOB", "REPO", "STOP_WAIT_S", "LocalCluster", "Proc", "free_port", "main"]
@@ -147,7 +154,7 @@ class LocalCluster:
         """
         if self.replica_isolation is False:
             return
-        self._reach = job_reach.plan(self.workdir, self.job_dirs, _replica_path())
+        self._reach = job_reach.plan(self.workdir, self.job_dirs, interpreter_first_path())
         problem = self._reach.problem
         if problem and self.replica_isolation:
             raise RuntimeError(
@@ -317,9 +324,9 @@ class LocalCluster:
             # one uid for every job (its --insecure below acknowledges that).
             env["POLLUX_LAUNCHER_JOB_POLICY__RUN_AS_UID"] = "0"
             env["POLLUX_LAUNCHER_JOB_POLICY__ALLOW_ROOT"] = "true"
-        launchers = self._reach.launchers if self._reach is not None else None
-        if launchers is not None:
-            env["PATH"] = os.pathsep.join([str(launchers), _replica_path()])
+        bin_dir = self._reach.bin_dir if self._reach is not None else None
+        if bin_dir is not None:  # a job environment the job uids can use (job_reach.py)
+            env["PATH"] = os.pathsep.join([str(bin_dir), interpreter_first_path()])
         return self._start_service(
             name,
             "pollux.launcher.main",
@@ -375,10 +382,10 @@ class LocalCluster:
         """
         servers = ",".join(self.scheduler_addresses)
         context = Context(server=servers, ca_file=self.ca_file, token=self.admin_token)
-        current = current_context(path)
-        write_context(path, name, context, current=current in (None, name))
+        # Decided under the config's lock: two pollux-up started at once keep both contexts.
+        made_current = write_context(path, name, context, current=None)
         path.parent.chmod(0o700)  # the token's directory: the admin's alone
-        return current in (None, name)
+        return made_current
 
     def watch_etcd(self, say: Callable[[str], None] = print) -> list[int]:
         """Say when an etcd member has died; start it again once it has room (LocalEtcd.watch).
@@ -398,11 +405,6 @@ REPO = Path(__file__).resolve().parents[4]
 """The checkout this module runs from (services/common/pollux/service/ is four levels down)."""
 DEMO_JOB = REPO / "examples" / "elastic_job.yaml"
 """The sample elastic job `pollux-up --demo` runs (./scripts/demo)."""
-
-
-def _replica_path() -> str:
-    """The PATH replicas inherit from a launcher (procs.spawn): this interpreter's dir first."""
-    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -440,12 +442,18 @@ def _parser() -> argparse.ArgumentParser:
         help="where etcd keeps its data (default: the work dir); a filesystem of its own keeps "
         "a job that fills the work dir's from stopping etcd",
     )
-    parser.add_argument(
+    isolation = parser.add_mutually_exclusive_group()
+    isolation.add_argument(
         "--insecure-replicas",
         action="store_true",
-        help="run every job's replicas as the user running pollux-up, not under a uid of the "
-        "job's own (what a non-root pollux-up needs): jobs can then read each other's files "
-        "and the cluster's keys",
+        help="run every job's replicas as the user running pollux-up (root too), not under a "
+        "uid of the job's own: jobs can then read each other's files and the cluster's keys",
+    )
+    isolation.add_argument(
+        "--isolated-replicas",
+        action="store_true",
+        help="refuse to start unless every job's replicas can run under a uid of the job's own "
+        "(by default pollux-up falls back to running them as its own user, and says why)",
     )
     parser.add_argument(
         "--insecure",
@@ -458,6 +466,29 @@ def _parser() -> argparse.ArgumentParser:
         help="name of the pollux-cli context written for this cluster (default local)",
     )
     return parser
+
+
+def _isolation(args: argparse.Namespace) -> bool | None:
+    """`LocalCluster.replica_isolation` from the flags: required, never, or where it can be."""
+    if args.insecure or args.insecure_replicas:
+        return False
+    return True if args.isolated_replicas else None
+
+
+def _job_dirs(demo: str | None) -> tuple[Path, ...]:
+    """Where this session's jobs will run: here (pollux-cli's default) and the demo's dir."""
+    dirs = [Path.cwd()]
+    if demo:
+        dirs.append(Path(demo).resolve().parent)
+    return tuple(dict.fromkeys(dirs))
+
+
+def _user() -> str:
+    """This process's user, by name where it has one."""
+    try:
+        return f"{pwd.getpwuid(os.geteuid()).pw_name} (uid {os.geteuid()})"
+    except KeyError:
+        return f"uid {os.geteuid()}"
 
 
 def _announce(cluster: LocalCluster, context_name: str) -> None:
@@ -474,9 +505,11 @@ def _announce(cluster: LocalCluster, context_name: str) -> None:
                 "certificate warning once, or import that CA)"
             )
     if not cluster.isolated:
+        why = cluster.isolation_note or "--insecure-replicas"
         print(
-            "pollux-up: WARNING: replicas run as this user, not under a uid of their job's own: "
-            "a job can read the cluster's keys, the admin token and other jobs' files",
+            f"pollux-up: WARNING: replicas run as {_user()}, not under a uid of their job's own "
+            f"({why}), so a job can read the cluster's keys and other jobs' files; "
+            "--isolated-replicas refuses to start instead",
             flush=True,
         )
     if cluster.secure:
@@ -509,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=args.policy,
         secure=not args.insecure,
         job_roots=tuple(dict.fromkeys([Path.cwd().resolve(), REPO, *args.allow_root])),
-        replica_isolation=not (args.insecure or args.insecure_replicas),
+        replica_isolation=_isolation(args),
+        job_dirs=_job_dirs(args.demo),
         etcd_dir=args.etcd_dir,
     )
     # Both explicitly: a shell that starts pollux-up in the background leaves SIGINT ignored.

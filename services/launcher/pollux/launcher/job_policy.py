@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from pollux.service.local.workdir import untraversable
 from pollux.v1 import types_pb2 as pb
 
 LOADER_PREFIXES = ("LD_",)
@@ -241,6 +242,8 @@ class JobPolicy:
                 getattr(spec, "secret_env", {}), "secret_env", container=bool(image)
             ),
         ]
+        if not work and not image and self.per_job_uids(launcher_uid):
+            problems += _closed_to_job_uids(spec.working_dir or default_working_dir)
         if self.root_refused(launcher_uid) and not image:
             problems.append(
                 "replicas would run as root, which job_policy.allow_root = false forbids: unset "
@@ -295,6 +298,22 @@ class JobPolicy:
                 "job_policy.allow_env"
             )
         return ""
+
+
+def _closed_to_job_uids(working_dir: str | Path | None) -> list[str]:
+    """Why a replica under its job's own uid (an "other", in no group) cannot enter the dir."""
+    real = Path(os.path.realpath(working_dir)) if working_dir else None
+    if real is None or not real.is_dir():
+        return []  # none, or missing: the start says so
+    blocked = untraversable(real)
+    if blocked is None:
+        return []
+    mode = f"{blocked.stat().st_mode & 0o777:o}"
+    return [
+        f"working_dir {working_dir} cannot be entered by the job's own uid, which replicas run "
+        f"under: {blocked} (mode {mode}) is closed to other users; chmod o+x {blocked}, or keep "
+        "the job's files under a directory others may enter"
+    ]
 
 
 def _runtime_client_reason(name: str) -> str:

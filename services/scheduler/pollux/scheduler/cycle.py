@@ -44,6 +44,7 @@ from pollux.policy.types import (
     Policy,
     TenantSpec,
 )
+from pollux.scheduler import failure_hints
 from pollux.scheduler.lifecycle import ACTIVE, clipped, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
@@ -342,7 +343,9 @@ def _reconcile(
         first = min(failed, key=lambda s: s.rank)
         job.failures += 1
         what = f"replica {first.rank} on {first.node} exited {first.exit_code}"
-        said = f": {first.output_tail}" if first.output_tail else ""
+        advice = failure_hints.hint(first.exit_code, first.output_tail)
+        said = f" ({advice})" if advice else ""
+        said += f": {first.output_tail}" if first.output_tail else ""
         full = next((s for s in failed if s.disk_full), None)
         if full is not None:
             # Restarting would only meet the same full disk (and fill it again): fail now.

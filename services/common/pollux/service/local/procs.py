@@ -47,6 +47,11 @@ class Proc:
         return f"127.0.0.1:{self.port}"
 
 
+def interpreter_first_path() -> str:
+    """This process's PATH with this interpreter's directory first (what services inherit)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
 def spawn(
     name: str,
     argv: list[str],
@@ -62,7 +67,7 @@ def spawn(
     directory first on PATH: `python` in a job's command (replicas inherit a launcher's
     environment) is then the interpreter that runs the cluster, virtualenv activated or not.
     """
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    path = interpreter_first_path()
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv,
