@@ -12,13 +12,17 @@ for its cluster, so `pollux-cli` works against it with no flags::
 A setting comes from, first to last: a flag (``--server``, ``--context``), the environment
 (``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the context, the
 default (``127.0.0.1:7070``, plaintext). The file is 0600; no token is taken from a flag.
+Writers take turns under a lock file beside it and replace it atomically (`write_context`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import os
 import re
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -186,30 +190,87 @@ def current_context(path: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def write_context(path: Path, name: str, context: Context, *, current: bool = True) -> None:
-    """Add or replace a context in a config file (0600), keeping the others."""
-    data = _read(path)
-    contexts = data.setdefault("contexts", {})
-    entry: dict[str, str] = {"server": context.server}
-    if context.ca_file is not None:
-        entry["ca_file"] = str(context.ca_file)
-    if context.token:
-        entry["token"] = context.token
-    contexts[name] = entry
-    if current or "current_context" not in data:
-        data["current_context"] = name
-    lines = [f"current_context = {_quote(data['current_context'])}", ""]
+def lock_path(path: Path) -> Path:
+    """The lock file beside a config file, which every writer of it holds (`write_context`)."""
+    return path.with_name(path.name + ".lock")
+
+
+def write_context(path: Path, name: str, context: Context, *, current: bool | None = True) -> bool:
+    """Add or replace a context in a config file (0600), keeping the others.
+
+    Writers take turns: each holds an exclusive lock on `lock_path` (``flock``) while it
+    reads the file, adds its context and replaces the file, so two `pollux-up` started at
+    once both keep their contexts. The file is replaced atomically (a temporary file in the
+    same directory, fsynced, then renamed over it): a reader sees the old file or the new,
+    never part of one.
+
+    Args:
+        path: The config file (created with its directory if missing).
+        name: The context's name.
+        context: Its server, CA file and token.
+        current: True: make it the current context; False: keep the current one (the new
+            one becomes current only if there is none); None: make it current only if there
+            is none or it is already `name`, decided under the lock (what `pollux-up` does,
+            so that a cluster started beside another does not take the other's place).
+
+    Returns:
+        Whether `name` is the current context afterwards.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read(path)
+        contexts = data.setdefault("contexts", {})
+        if not isinstance(contexts, dict):
+            raise ConfigFileError(f"cannot update {path}: its contexts are not a table")
+        entry: dict[str, str] = {"server": context.server}
+        if context.ca_file is not None:
+            entry["ca_file"] = str(context.ca_file)
+        if context.token:
+            entry["token"] = context.token
+        contexts[name] = entry
+        before = data.get("current_context")
+        take = before in (None, name) if current is None else current
+        if take or "current_context" not in data:
+            data["current_context"] = name
+        _replace(path, _render(data))
+        return bool(data["current_context"] == name)
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def _render(data: dict[str, Any]) -> str:
+    lines = [f"current_context = {_quote(str(data['current_context']))}", ""]
+    contexts = data["contexts"]
     for context_name in sorted(contexts):
         lines.append(f"[contexts.{_quote(context_name)}]")
-        for key, value in sorted(contexts[context_name].items()):
+        entry = contexts[context_name]
+        for key, value in sorted(entry.items() if isinstance(entry, dict) else ()):
             lines.append(f"{key} = {_quote(str(value))}")
         lines.append("")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("\n".join(lines))
-    os.replace(tmp, path)
+    return "\n".join(lines)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` atomically, mode 0600: a temporary file beside it, fsynced, renamed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
 
 
 def _quote(text: str) -> str:
