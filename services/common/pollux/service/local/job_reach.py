@@ -156,7 +156,9 @@ def make_job_env(directory: Path, base: str) -> Path:
         text=True,
         timeout=PROBE_TIMEOUT_S,
     ).stdout.strip()
-    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    # Resolved: this environment may be reached through a link the job uids cannot follow.
+    paths = sysconfig.get_paths()
+    ours = dict.fromkeys(os.path.realpath(paths[key]) for key in ("purelib", "platlib"))
     lines = "".join(f"import site; site.addsitedir({site!r})\n" for site in ours)
     (Path(purelib) / "pollux-cluster-packages.pth").write_text(lines)
     for path in [directory, *directory.rglob("*")]:
