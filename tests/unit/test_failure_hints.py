@@ -6,8 +6,8 @@ from pollux.scheduler.failure_hints import hint
 
 
 def test_a_missing_module_names_the_module_and_the_interpreter_fix() -> None:
-    tail = "File \"x.py\", line 27, in <module> | import structlog | ModuleNotFoundError: No module "
-    said = hint(1, tail + "named 'structlog'")
+    tail = 'File "x.py", line 27, in <module> | import structlog | ModuleNotFoundError: '
+    said = hint(1, tail + "No module named 'structlog'")
     assert said.startswith("the job's interpreter cannot import structlog: name the python")
     assert "readable by other users" in said
 
