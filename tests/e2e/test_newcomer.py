@@ -98,6 +98,11 @@ def test_root_with_python_and_checkout_in_a_closed_home_runs_the_demo(tmp_path: 
     assert "WARNING: replicas run as root (uid 0), not under a uid of their job's own (" in out
     assert f"job uids cannot enter {examples}: {home} (0o700) is closed" in out
     assert "--isolated-replicas refuses to start instead" in out
+    # No secret on its output, which people redirect to world-readable files.
+    token = (tmp_path / "work" / "pki" / "admin-token").read_text().strip()
+    assert token.startswith("pollux_")
+    assert token not in out
+    assert "pollux-cli dashboard --link" in out
 
 
 def test_an_ordinary_user_runs_the_demo_with_no_flags(tmp_path: Path) -> None:

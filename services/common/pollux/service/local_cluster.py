@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import pwd
 import signal
@@ -290,18 +291,20 @@ class LocalCluster:
             wait_for_port(self.dashboard_port, proc.process, f"{name}'s dashboard", timeout=30)
         return proc
 
-    def dashboard_link(self, route: str = "/") -> str | None:
+    def dashboard_link(self, route: str = "/", *, sign_in: bool = True) -> str | None:
         """The dashboard's address at `route` ("/jobs/<id>"); None without a dashboard.
 
-        On a TLS cluster the admin token rides in the fragment (``#token=...&next=ROUTE``),
-        which the page stores in the tab and removes from the address bar: one click signs
-        in. A fragment is never sent to the server, logged by it, or put in a Referer.
+        On a TLS cluster with `sign_in` the admin token rides in the fragment
+        (``#token=...&next=ROUTE``), which the page stores in the tab and removes from the
+        address bar: one click signs in. A fragment is never sent to the server, logged by it,
+        or put in a Referer; but such a link is the admin's secret, so `pollux-up` never
+        prints it (`pollux-cli dashboard --link` does, on request).
         """
         if self.dashboard_port is None:
             return None
         scheme = "https" if self.secure else "http"
         base = f"{scheme}://127.0.0.1:{self.dashboard_port}/"
-        if self.secure and self.admin_token:
+        if self.secure and self.admin_token and sign_in:
             return f"{base}#token={self.admin_token}" + (f"&next={route}" if route != "/" else "")
         return f"{base}#{route}"
 
@@ -496,13 +499,14 @@ def _announce(cluster: LocalCluster, context_name: str) -> None:
     servers = ",".join(cluster.scheduler_addresses)
     logs = cluster.workdir / "logs"
     print(f"etcd {cluster.etcd_endpoint}; schedulers {servers}; logs in {logs}")
-    link = cluster.dashboard_link()
+    link = cluster.dashboard_link(sign_in=False)
     if link is not None:
         print(f"dashboard: {link}")
         if cluster.secure:
             print(
                 f"  (HTTPS under the cluster's own CA, {cluster.ca_file}: accept the browser's "
-                "certificate warning once, or import that CA)"
+                "certificate warning once, or import that CA; `pollux-cli dashboard --link` "
+                "prints a link that signs you in as the admin: keep it to yourself)"
             )
     if not cluster.isolated:
         why = cluster.isolation_note or "--insecure-replicas"
@@ -561,7 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _announce(cluster, args.context)
         if args.demo:
             with cluster.client() as client:
-                return follow_demo(client, Path(args.demo), dashboard=cluster.dashboard_link)
+                page = functools.partial(cluster.dashboard_link, sign_in=False)
+                return follow_demo(client, Path(args.demo), dashboard=page)
         print("Ctrl-C stops it", flush=True)
         while True:
             time.sleep(1.0)
