@@ -49,7 +49,7 @@ async def test_a_job_is_named_by_id_unique_prefix_or_unique_name(replica: Replic
         await replica.stub.GetJob(spb.GetJobRequest(job_id="twin"))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     message = caught.value.details() or ""
-    assert "matches 2 jobs" in message
+    assert "names 2 active jobs" in message  # a name of finished jobs: the newest
     # Newest first, each with what tells them apart.
     assert message.index(twin_b.id) < message.index(twin_a.id)
     assert "(twin, PENDING)" in message

@@ -350,7 +350,9 @@ def test_ls_passes_filters(fake, capsys):
 
 def test_ls_without_filters_asks_for_every_state(fake):
     run(fake, "ls")
-    assert fake.calls[0][2]["states"] is None
+    asked = [call[2]["states"] for call in fake.calls if call[0] == "list_jobs"]
+    # The active states first (listed before the others), then every job: none left out.
+    assert asked == [["PENDING", "ALLOCATED", "RUNNING", "RESCALING"], None]
 
 
 @pytest.mark.parametrize("output", ["json", "yaml"])

@@ -181,7 +181,7 @@ def test_zsh_script_syntax(zsh_script: Path) -> None:
 def test_zsh_describes_commands_with_their_help(zsh_script: Path) -> None:
     lines = zsh_complete(zsh_script, "l")
     assert lines[0] == "IPREFIX= PREFIX=l"
-    assert "ls:list jobs, newest first" in lines
+    assert "ls:list jobs, active first, newest first" in lines
     assert {line.split(":", 1)[0] for line in lines[1:]} == TOP
 
 

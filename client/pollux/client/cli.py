@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
@@ -50,6 +51,7 @@ from pollux.client.types import (
     JOB_STATES,
     SCALING_RULES,
     TERMINAL_STATES,
+    Job,
     JobSpec,
     read_job_file,
 )
@@ -205,11 +207,48 @@ _FOREIGN_FLAGS: dict[str, str] = {
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
+HIDDEN_COMMANDS = frozenset({completion.JOBS_COMMAND})
+"""Commands for the completion scripts only: never listed, suggested or completed."""
+
+
+class _SubCommands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands whose own parser reports what it did not recognise.
+
+    argparse hands a subcommand's unrecognised arguments back to the top-level parser, which
+    then prints the top-level usage; the subcommand's usage is the one that helps.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        extras = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if extras:
+            chosen = self.choices[values[0]]
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors also say what the user probably meant."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _SubCommands)
+
     def error(self, message: str) -> NoReturn:
         super().error(message + "".join(f"\n  hint: {h}" for h in usage_hints(message)))
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # An unknown command lists (and `usage_hints` suggests) the visible commands only.
+        choices = action.choices
+        if isinstance(action, argparse._SubParsersAction) and value not in (choices or ()):
+            shown = ", ".join(repr(c) for c in action.choices if c not in HIDDEN_COMMANDS)
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {shown})")
+        super()._check_value(action, value)
 
 
 def usage_hints(message: str) -> list[str]:
@@ -341,7 +380,12 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
 def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """`nodes`, `dashboard` and `top`: the cluster rather than one job."""
     command("nodes", "list nodes with GPUs used/total and their jobs")
-    dashboard = command("dashboard", "print the web dashboard's address")
+    dashboard = command(
+        "dashboard", "print the web dashboard's address, or a job's page on it (JOB)"
+    )
+    dashboard.add_argument(
+        "job", nargs="?", metavar="JOB", help="a job (id, id prefix or name): its page"
+    )
     dashboard.add_argument(
         "--link",
         action="store_true",
@@ -392,7 +436,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     _add_spec_arguments(estimate)
 
-    ls = command("ls", "list jobs, newest first")
+    ls = command("ls", "list jobs, active first, newest first")
     ls.add_argument(
         "--state",
         type=job_state,
@@ -544,20 +588,44 @@ def _estimate(args: argparse.Namespace, client: Client) -> None:
 def _ls(args: argparse.Namespace, client: Client) -> None:
     limit = None if args.all else cli_jobs.screenful() if args.limit is None else args.limit
     owner = client.whoami().name if args.mine else args.user
-    found = list(
-        client.list_jobs(
-            states=args.state or None,
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    # Active jobs first, then the others, each newest first: a screenful shows what runs now
+    # however many jobs finished since. Once every active job is listed, the second query
+    # asks for as many more as it may repeat; a job listed twice (or finished meanwhile) is
+    # shown once.
+    for states in _ls_groups(args.state):
+        wanted = None if limit is None else limit + 1 - len(jobs)
+        if wanted is not None and wanted <= 0:
+            break
+        for job in client.list_jobs(
+            states=states,
             name_prefix=args.name_prefix,
             labels=dict(args.label),
             newest_first=True,
             owner=owner,
-            limit=None if limit is None else limit + 1,
-        )
-    )
-    jobs = found[:limit]
-    _emit(args, jobs, lambda js: fmt.jobs_table(js, _now()))
-    if limit is not None and len(found) > limit and args.output == "table":
+            limit=None if wanted is None else wanted + len(seen),
+        ):
+            if job.id not in seen:
+                seen.add(job.id)
+                jobs.append(job)
+    shown = jobs[:limit]
+    _emit(args, shown, lambda js: fmt.jobs_table(js, _now()))
+    if limit is not None and len(jobs) > limit and args.output == "table":
         print(cli_jobs.more_jobs_hint(limit), file=sys.stderr)
+
+
+def _ls_groups(states: Sequence[str]) -> list[list[str] | None]:
+    """What `ls` lists in turn: the active states asked for, then the rest.
+
+    Without ``--state`` the rest is every job (None: no filter), so that a job in a state
+    this client does not know is listed too; the first group's jobs are not listed twice.
+    """
+    if not states:
+        return [[s for s in JOB_STATES if s not in TERMINAL_STATES], None]
+    active = [s for s in states if s not in TERMINAL_STATES]
+    finished = [s for s in states if s in TERMINAL_STATES]
+    return [group for group in (active, finished) if group]
 
 
 def _describe(args: argparse.Namespace, client: Client) -> None:
@@ -616,8 +684,22 @@ def _dashboard(args: argparse.Namespace, client: Client) -> int | None:
         )
         return EXIT_ERROR
     token = getattr(args, "token", None) if args.link else None
-    _print(args, f"{url}#token={token}" if token else url)
+    page = f"/jobs/{client.get_job(args.job).id}" if args.job else ""
+    _print(args, dashboard_address(url, page, token))
     return None
+
+
+def dashboard_address(url: str, page: str = "", token: str | None = None) -> str:
+    """The dashboard's address at `page` (``/jobs/<id>``; "": its front page).
+
+    The page is the address's fragment (``#/jobs/<id>``); with a token, the sign-in fragment
+    carries it as ``next`` (``#token=…&next=/jobs/<id>``), where the page goes once it has
+    taken the token out of the address bar.
+    """
+    if token:
+        query = {"token": token, **({"next": page} if page else {})}
+        return f"{url}#{urllib.parse.urlencode(query, safe='/')}"
+    return f"{url}#{page}" if page else url
 
 
 def _jobs_for_completion(args: argparse.Namespace, client: Client) -> None:
@@ -740,6 +822,18 @@ def _connect(args: argparse.Namespace) -> Client:
     )
 
 
+def notice_printer(args: argparse.Namespace) -> Callable[[str], None]:
+    """What prints the server's notes on stderr, each once (a follow asks many times)."""
+    printed: set[str] = set()
+
+    def say(text: str) -> None:
+        if text not in printed:
+            printed.add(text)
+            print(fmt.for_terminal(text, raw=args.raw), file=sys.stderr, flush=True)
+
+    return say
+
+
 def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> int:
     """Entry point of ``pollux-cli``; returns the process exit code.
 
@@ -760,6 +854,8 @@ def main(argv: Sequence[str] | None = None, *, connect: Connect = _connect) -> i
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if hasattr(client, "on_notice"):
+        client.on_notice = notice_printer(args)
     try:
         with client:
             code = COMMANDS[args.command_name](args, client)

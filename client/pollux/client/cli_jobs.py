@@ -51,8 +51,8 @@ def screenful() -> int:
 def more_jobs_hint(limit: int) -> str:
     """What `ls` says when it left jobs out."""
     return (
-        f"(showing the newest {plural(limit, 'job')}; --limit N or --all for more, "
-        "--state/--mine to narrow)"
+        f"(showing {plural(limit, 'job')}: active ones first, then the newest finished; "
+        "--limit N or --all for more, --state/--mine to narrow)"
     )
 
 

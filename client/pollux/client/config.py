@@ -11,9 +11,8 @@ for its cluster, so `pollux-cli` works against it with no flags::
 
 A setting comes from, first to last: a flag (``--server``, ``--context``), the environment
 (``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the context, the
-default (``127.0.0.1:7070``, plaintext). The file is 0600; no token is taken from a flag.
-Writers take turns under a lock file beside it and replace it atomically (`write_context`).
-"""
+default (``127.0.0.1:7070``, plaintext). No token is taken from a flag; the file is 0600,
+written under a lock and atomically (`write_context`)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ from pollux.v1 import admin_service_pb2_grpc, scheduler_service_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:7070"
 
+RESOLVED_NOTE_KEY = "pollux-resolved-job"
+"""Response metadata: which job a name shared by several jobs meant, in words (the server's
+`pollux.scheduler.api.base.RESOLVED_NOTE_KEY`)."""
+
 SCHEDULER_SERVICE = "pollux.v1.SchedulerService"
 
 ADMIN_SERVICE = "pollux.v1.AdminService"
@@ -143,6 +147,9 @@ class Transport:
         self._credentials = credentials
         self._channels: dict[str, grpc.Channel] = {}
         self._current = self.targets[0]
+        self.on_notice: Callable[[str], None] | None = None
+        """Called with the server's notes for the user: which job a name shared by several
+        jobs meant (`pollux-cli` prints them on stderr)."""
 
     def __enter__(self) -> Self:
         return self
@@ -175,11 +182,20 @@ class Transport:
         return [self._current, *(t for t in self.targets if t != self._current)]
 
     def _unary(self, method: str, request: Any, *, admin: bool = False) -> Any:
-        return self._failover(
-            method,
-            lambda stub: getattr(stub, method)(request, timeout=self.timeout_s),
-            admin=admin,
-        )
+        def call(stub: Any) -> Any:
+            response, done = getattr(stub, method).with_call(request, timeout=self.timeout_s)
+            self._notice(done)
+            return response
+
+        return self._failover(method, call, admin=admin)
+
+    def _notice(self, call: Any) -> None:
+        """Pass the server's note on which job a shared name meant to `on_notice`."""
+        if self.on_notice is None:
+            return
+        for key, value in call.initial_metadata() or ():
+            if key == RESOLVED_NOTE_KEY and isinstance(value, str):
+                self.on_notice(value)
 
     def _failover(self, method: str, call: Callable[[Any], R], *, admin: bool = False) -> R:
         """Run `call` against each target in turn while the answer is UNAVAILABLE."""
@@ -205,9 +221,13 @@ class Transport:
             received = False
             try:
                 for response in call:
+                    if not received:
+                        self._notice(call)
                     received = True
                     self._current = target
                     yield response
+                if not received:
+                    self._notice(call)
                 return
             except grpc.RpcError as error:
                 failure = self._failure(target, error)

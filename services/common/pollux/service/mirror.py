@@ -105,7 +105,7 @@ def named(summaries: Iterable[JobSummary], text: str, owner: str | None) -> list
     visible = [j for j in summaries if owner is None or j.owner == owner]
     rules: tuple[Callable[[JobSummary], bool], ...] = (
         lambda j: j.order[1] == text,
-        lambda j: j.order[1].startswith(text) or j.order[1].startswith("j-" + text),
+        lambda j: _id_matches(j.order[1], text),
         lambda j: j.name == text,
     )
     for matches in rules:
@@ -113,6 +113,50 @@ def named(summaries: Iterable[JobSummary], text: str, owner: str | None) -> list
         if found:
             return sorted(found, key=lambda j: j.order, reverse=True)
     return []
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What a job reference means among the jobs a caller may see (`resolve_reference`).
+
+    Attributes:
+        job: The job it means; None when it names none, or several it cannot choose between.
+        matches: Every job it matched, newest first.
+        by_name: Whether it matched by name (not by id or id prefix).
+        ambiguous: The jobs to choose between when `job` is None and there are matches:
+            all matches of an id prefix, the active jobs of a name.
+    """
+
+    job: JobSummary | None
+    matches: tuple[JobSummary, ...]
+    by_name: bool
+    ambiguous: tuple[JobSummary, ...] = ()
+
+
+def resolve_reference(matches: list[JobSummary], text: str) -> Resolved:
+    """The one job a reference means, from `named`'s matches (newest first): the API's rule.
+
+    An id or a unique id prefix means that job; a prefix of several ids is ambiguous. A name
+    means the active (not finished) job of that name if it has one, else the newest job of
+    that name, so a name reused run after run means the current run; only two or more active
+    jobs of one name are ambiguous. The only place this rule is written: every RPC that takes
+    a job (and so every `pollux-cli` command and the dashboard) resolves through it.
+    """
+    found = tuple(matches)
+    by_name = bool(found) and not any(_id_matches(j.order[1], text) for j in found)
+    if len(found) <= 1:
+        return Resolved(found[0] if found else None, found, by_name)
+    if not by_name:
+        return Resolved(None, found, by_name, found)
+    active = tuple(j for j in found if j.state not in TERMINAL_STATES)
+    if len(active) > 1:
+        return Resolved(None, found, by_name, active)
+    return Resolved(active[0] if active else found[0], found, by_name)
+
+
+def _id_matches(job_id: str, text: str) -> bool:
+    """Whether `text` is `job_id` or a prefix of it, with or without ``j-``."""
+    return job_id.startswith(text) or job_id.startswith("j-" + text)
 
 
 Indexed = tuple[tuple[int, str], bytes]

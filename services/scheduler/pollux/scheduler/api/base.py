@@ -21,12 +21,18 @@ from pollux.policy.types import Policy
 from pollux.scheduler.access import check_job, check_person, owner_filter
 from pollux.scheduler.forecaster import Forecaster
 from pollux.scheduler.leader import current_leader
-from pollux.scheduler.lifecycle import state_name
+from pollux.scheduler.lifecycle import TERMINAL, state_name
 from pollux.scheduler.limits import LimitsConfig, SubmitLimits
 from pollux.scheduler.logs import LauncherLogs
 from pollux.service import auth
 from pollux.service.errors import InvalidArgument, NotFound
-from pollux.service.mirror import ClusterMirror, JobSummary, named
+from pollux.service.mirror import (
+    ClusterMirror,
+    JobSummary,
+    Resolved,
+    named,
+    resolve_reference,
+)
 from pollux.service.rpc import annotate
 from pollux.service.store import Entry, Store
 from pollux.terminal import quoted
@@ -40,6 +46,50 @@ MAX_JOB_REF = 128
 
 AMBIGUOUS_SHOWN = 10
 """Candidates an ambiguous job reference's error lists."""
+RESOLVED_ID_KEY = "pollux-resolved-job-id"
+"""Initial metadata: the id of the job a name shared by several jobs was resolved to."""
+RESOLVED_NOTE_KEY = "pollux-resolved-job"
+"""Initial metadata: which job that name meant and why, in words (ASCII: names, ids, states)."""
+
+
+def _ambiguous(text: str, resolved: Resolved) -> InvalidArgument:
+    """The error of a reference that names several jobs it cannot choose between."""
+    jobs = resolved.ambiguous
+    listed = ", ".join(
+        f"{j.order[1]} ({j.name}, {state_name(j.state)})" for j in jobs[:AMBIGUOUS_SHOWN]
+    )
+    more = f" and {len(jobs) - AMBIGUOUS_SHOWN} more" if len(jobs) > AMBIGUOUS_SHOWN else ""
+    if resolved.by_name:
+        problem = (
+            f"{quoted(text)} names {len(jobs)} active jobs: {listed}{more}; use the id (or a "
+            "unique prefix of it) of the one you mean"
+        )
+    else:
+        problem = f"{quoted(text)} matches {len(jobs)} jobs: {listed}{more}; use more of the id"
+    return InvalidArgument([("job_id", problem)], headline="ambiguous job reference")
+
+
+def _resolution_note(text: str, job: pb.Job, count: int, now: float) -> str:
+    """``ddp-plain: the newest of 3 jobs of that name, j-… (SUCCEEDED 5 min ago)``."""
+    state = state_name(job.state)
+    if job.state in TERMINAL:
+        which = f"the newest of {count} jobs of that name"
+        since = job.finish_time if job.HasField("finish_time") else job.create_time
+        when = f"{state} {_ago(now - since.ToNanoseconds() / 1e9)}"
+    else:
+        which = f"the active one of {count} jobs of that name"
+        when = f"{state}, submitted {_ago(now - job.create_time.ToNanoseconds() / 1e9)}"
+    note = f"{text}: {which}, {job.id} ({when})"
+    return note if note.isascii() else note.encode("ascii", "backslashreplace").decode()
+
+
+def _ago(seconds: float) -> str:
+    """``45 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``."""
+    left = max(int(seconds), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if left >= size:
+            return f"{left // size} {unit} ago"
+    return f"{left} s ago"
 
 
 def creation_order(job: pb.Job) -> tuple[int, str]:
@@ -118,25 +168,40 @@ class ServicerBase:
                 (("pollux-leader-id", leader.id), ("pollux-leader-address", leader.address))
             )
 
-    async def _job(self, job_id: str, action: str) -> tuple[pb.Job, int]:
-        """The job and its revision, if the caller may do `action` on it."""
+    async def _job(
+        self, job_id: str, action: str, context: Context | None = None
+    ) -> tuple[pb.Job, int]:
+        """The job and its revision, if the caller may do `action` on it.
+
+        A name that several of the caller's jobs carry is resolved by `resolve_reference`;
+        which of them it meant is sent to the caller in the initial metadata
+        (`RESOLVED_NOTE_KEY`, for `pollux-cli` to print) when `context` is given.
+        """
         check_person(auth.current(), action)
         if not job_id:
             raise InvalidArgument([("job_id", "required: a job id, a unique prefix or a name")])
         entry = await self.store.get_job(job_id) if len(job_id) <= MAX_JOB_REF else None
+        note = ""
         if entry is None:
-            entry = await self._named(job_id)
+            entry, note = await self._named(job_id)
         check_job(auth.current(), entry.value, action)
         if entry.value.id != job_id:
             annotate(resolved_job_id=entry.value.id)
+        if note and context is not None:
+            await context.send_initial_metadata(
+                ((RESOLVED_ID_KEY, entry.value.id), (RESOLVED_NOTE_KEY, note))
+            )
         return entry.value, entry.mod_revision
 
-    async def _named(self, text: str) -> Entry[pb.Job]:
-        """The one job `text` names as a unique id prefix or name (mirror.named's rule).
+    async def _named(self, text: str) -> tuple[Entry[pb.Job], str]:
+        """The job `text` names as a unique id prefix or name (`resolve_reference`'s rule).
+
+        Returns it with a note saying which job a name shared by several meant ("" otherwise).
 
         Raises:
             NotFound: It names none of the caller's jobs.
-            InvalidArgument: It names several; the message lists the newest of them.
+            InvalidArgument: It names several it cannot choose between; the message lists
+                them, newest first.
         """
         owner = owner_filter(auth.current())
         found: list[JobSummary] = []
@@ -151,30 +216,19 @@ class ServicerBase:
             else:
                 listed, _ = await self.store.list_jobs()
                 found = named(map(JobSummary.of, (e.value for e in listed)), text, owner)
-        if len(found) > 1:
-            candidates = ", ".join(
-                f"{j.order[1]} ({j.name}, {state_name(j.state)})" for j in found[:AMBIGUOUS_SHOWN]
-            )
-            more = (
-                f" and {len(found) - AMBIGUOUS_SHOWN} more" if len(found) > AMBIGUOUS_SHOWN else ""
-            )
-            raise InvalidArgument(
-                [
-                    (
-                        "job_id",
-                        f"{quoted(text)} matches {len(found)} jobs: {candidates}{more}; "
-                        "use the id (or more of it)",
-                    )
-                ],
-                headline="ambiguous job reference",
-            )
-        entry = await self.store.get_job(found[0].order[1]) if found else None
+        resolved = resolve_reference(found, text)
+        if resolved.job is None and resolved.ambiguous:
+            raise _ambiguous(text, resolved)
+        entry = await self.store.get_job(resolved.job.order[1]) if resolved.job else None
         if entry is None:
             raise NotFound(
                 f"job {quoted(text)} not found: no job you can see has that id, id prefix or name "
                 "(pollux-cli ls lists jobs)"
             )
-        return entry
+        note = ""
+        if resolved.by_name and len(resolved.matches) > 1:
+            note = _resolution_note(text, entry.value, len(resolved.matches), self.clock())
+        return entry, note
 
     async def _newest(
         self, name: str, owner: str | None, usable: Callable[[pb.JobModel], bool]

@@ -32,7 +32,7 @@ class ClusterViews(ServicerBase):
 
     async def Explain(self, request: spb.ExplainRequest, context: Context) -> spb.ExplainResponse:
         """The job, its part of the latest decision that included it, its model."""
-        job, _ = await self._job(request.job_id, "Explain")
+        job, _ = await self._job(request.job_id, "Explain", context)
         response = spb.ExplainResponse(job=redacted(job))
         for decision in await self.store.latest_decisions(50):
             mine = next((d for d in decision.jobs if d.job_id == job.id), None)

@@ -36,7 +36,7 @@ class JobReads(ServicerBase):
 
     async def GetJob(self, request: spb.GetJobRequest, context: Context) -> spb.GetJobResponse:
         """One job."""
-        job, _ = await self._job(request.job_id, "GetJob")
+        job, _ = await self._job(request.job_id, "GetJob", context)
         return spb.GetJobResponse(job=(await self._shown([job]))[0])
 
     async def ListJobs(
@@ -156,7 +156,7 @@ class JobReads(ServicerBase):
         self, request: spb.GetJobTimelineRequest, context: Context
     ) -> spb.GetJobTimelineResponse:
         """The job's timeline as its agent recorded it (empty before its first report)."""
-        job, _ = await self._job(request.job_id, "GetJobTimeline")
+        job, _ = await self._job(request.job_id, "GetJobTimeline", context)
         entry = await self.store.get_timeline(job.id)
         timeline = entry.value if entry is not None else pb.JobTimeline()
         timeline.job_id = job.id

@@ -151,8 +151,11 @@ class JobWrites(ServicerBase):
         self, request: spb.CancelJobRequest, context: Context
     ) -> spb.CancelJobResponse:
         """Flag the job; the leader stops it in the next round (triggered now)."""
+        reference, told = request.job_id, context
         for _ in range(10):
-            job, revision = await self._job(request.job_id, "CancelJob")
+            # A retry after a conflict re-reads the job the reference resolved to at first.
+            job, revision = await self._job(reference, "CancelJob", told)
+            reference, told = job.id, None
             if job.state == pb.JOB_STATE_CANCELLED or job.cancel_requested:
                 return spb.CancelJobResponse(job=redacted(job))
             if job.state in TERMINAL:
@@ -176,7 +179,7 @@ class JobWrites(ServicerBase):
         self, request: spb.DeleteJobRequest, context: Context
     ) -> spb.DeleteJobResponse:
         """Remove a finished job and everything stored for it."""
-        job, revision = await self._job(request.job_id, "DeleteJob")
+        job, revision = await self._job(request.job_id, "DeleteJob", context)
         if job.state not in TERMINAL:
             raise FailedPrecondition(
                 f"job {job.id} is {state_name(job.state)}; "

@@ -42,7 +42,7 @@ class JobStreams(ServicerBase):
         caller = auth.current()
         check_person(caller, "WatchJobs")
         if request.job_id:
-            async for response in self._watch_one(request.job_id):
+            async for response in self._watch_one(request.job_id, context):
                 yield response
             return
         owner = owner_filter(caller)
@@ -72,13 +72,15 @@ class JobStreams(ServicerBase):
                     continue
                 yield spb.WatchJobsResponse(job=redacted(change.job), deleted=change.deleted)
 
-    async def _watch_one(self, reference: str) -> AsyncIterator[spb.WatchJobsResponse]:
+    async def _watch_one(
+        self, reference: str, context: Context
+    ) -> AsyncIterator[spb.WatchJobsResponse]:
         """One job (id, prefix or name), then each change, until it is deleted.
 
         Its record is read by key and its changes come from the replica's feed, so following
         a job costs the same at any number of jobs and streams.
         """
-        job, _ = await self._job(reference, "WatchJobs")
+        job, _ = await self._job(reference, "WatchJobs", context)
         mirror = await self._live_mirror()
         key = self.store.keys.job(job.id)
         with mirror.feed.subscribe(key=key) as changes:
@@ -120,7 +122,7 @@ class JobStreams(ServicerBase):
 
         The launcher is asked for the resolved job's id, never for the reference as given.
         """
-        job, _ = await self._job(request.job_id, "StreamLogs")
+        job, _ = await self._job(request.job_id, "StreamLogs", context)
         async for response in self.logs.stream(job, request):
             yield response
 

@@ -138,6 +138,9 @@ class _HttpCall:
     def set_trailing_metadata(self, metadata: object) -> None:
         return None
 
+    async def send_initial_metadata(self, metadata: object) -> None:
+        return None  # which job a shared name meant: the page shows the job itself
+
 
 class _Certificates:
     """The HTTPS context, swapped for one of renewed files at the next handshake."""
