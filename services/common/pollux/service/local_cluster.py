@@ -1,15 +1,13 @@
 """`pollux-up`: a whole Pollux cluster on one machine, as real processes.
 
-Starts a real etcd, scheduler replicas (one leads, the first serves the web dashboard), agents
-and launchers with CPU "GPU slots", each a process on loopback ports; with `--demo` it submits
-the sample elastic job and follows it. The end-to-end tests and benchmarks use `LocalCluster`.
-Secure by default: a CA, certificates and an admin token in the work dir (local/pki.py), TLS
-and authentication on every port, a `pollux-cli` context written; as root every job's replicas
-run under a uid of the job's own where those uids can run the jobs (local/job_reach.py), else
-as the invoking user, said in one line (`--isolated-replicas` refuses that instead).
-SIGTERM or Ctrl-C stops it in order: launchers first (their replicas checkpoint and exit 143),
-then schedulers and agents, then etcd, so a restart on the same work dir resumes every job; a
-dead etcd member is said and started again once its disk has room (local/etcd.py).
+Starts a real etcd, scheduler replicas (the first serves the dashboard), agents and launchers
+with CPU "GPU slots", each a process on loopback ports; `--demo` submits the sample job and
+follows it. Tests and benchmarks use `LocalCluster`. Secure by default: CA, certificates and
+admin token in the work dir (local/pki.py), TLS and tokens on every port, a `pollux-cli`
+context; as root each job's replicas run under a uid of the job's own where such uids can run
+the jobs (local/job_reach.py), else as the invoking user, said in one line. SIGTERM or Ctrl-C
+stops launchers first (replicas checkpoint, exit 143), then the services, then etcd, so a
+restart on the same work dir resumes every job (local/etcd.py restarts a dead member).
 
     pollux-up [--nodes 2] [--gpus 2] [--schedulers 2] [--agents 1] [--policy NAME] [--demo]
               [--workdir DIR] [--etcd-dir DIR] [--isolated-replicas | --insecure-replicas]
