@@ -106,7 +106,13 @@ def probe(python: str, path: str, *, uid: int = PROBE_UID) -> str:
     try:
         result = subprocess.run(
             as_job_uid([python, "-c", _PROBE, version, *_modules()], uid),
-            env={"PATH": path, "HOME": "/", "LC_ALL": "C.UTF-8"},
+            # What replicas inherit that decides where Python finds its packages.
+            env={
+                "PATH": path,
+                "HOME": "/",
+                "LC_ALL": "C.UTF-8",
+                **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+            },
             cwd="/",
             capture_output=True,
             text=True,
