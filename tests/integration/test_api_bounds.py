@@ -16,6 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
+from pollux.client import Client
+from pollux.client.errors import ResourceExhaustedError
+from pollux.client.sweep import ClusterTrials, trial_spec
 from pollux.scheduler.config import SchedulerConfig, SchedulingConfig
 from pollux.scheduler.limits import LimitsConfig
 from pollux.scheduler.main import SchedulerApp
@@ -289,3 +292,46 @@ async def test_a_name_that_reads_as_a_job_id_is_refused(start: Start, store: Sto
         error = await refusal(submit(bob, name, f"r-{name}"))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, name
         assert "reads as a job id" in (error.details() or "")
+
+
+async def test_a_sweep_waits_out_the_submit_rate_and_submits_every_trial_once(
+    start: Start, store: Store
+) -> None:
+    secure = await start(
+        LimitsConfig(
+            submits_per_s_per_user=4.0,
+            submit_burst_per_user=1,
+            submits_per_s_per_tenant=0,
+            pending_jobs_per_user=0,
+        )
+    )
+    token = await create_token(store, "alice", role="user")
+    said: list[str] = []
+
+    def sweep() -> tuple[list[str], int, float | None]:
+        with Client(
+            secure.app.address,
+            credentials=grpc.ssl_channel_credentials(secure.ca),
+            token=token,
+        ) as client:
+            trials = ClusterTrials(client, "lr", say=said.append)
+            job = {"command": ["python", "-c", "pass"], "initial_batch_size": 8}
+            ids = [trials.start(n, {}, job) for n in range(4)]
+            # Without the sweep's patience: the bucket is empty, so a second submit is refused.
+            for extra, n in enumerate((9, 10)):
+                try:
+                    client.submit(trial_spec("lr", n, job))
+                except ResourceExhaustedError as refused:
+                    return ids, extra, refused.retry_after_s
+            pytest.fail("two submits at once passed a 1-submit burst")
+
+    ids, extra, retry_after = await asyncio.to_thread(sweep)
+    assert len(set(ids)) == 4, "every trial is one job, however often it was refused"
+    assert said, "the sweep said it waited"
+    for line in said:
+        assert "submitted faster than 4 jobs/s" in line
+        assert "submitting again in" in line
+    assert retry_after is not None, "the server names the wait"
+    assert 0 < retry_after <= 0.5, "one token at 4/s"
+    listed = await secure.jobs(token).ListJobs(spb.ListJobsRequest())
+    assert len(listed.jobs) == 4 + extra

@@ -13,6 +13,7 @@ from pollux.client.errors import (
     InvalidArgumentError,
     NotFoundError,
     PolluxError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from pollux.client.types import (
@@ -43,6 +44,7 @@ __all__ = [
     "NodeStatus",
     "NotFoundError",
     "PolluxError",
+    "ResourceExhaustedError",
     "Transition",
     "UnavailableError",
 ]

@@ -105,7 +105,10 @@ def _sweep(args: argparse.Namespace, client: Client) -> int:
             line = f"trial {outcome.number} {outcome.state}: {value}{why}"
             print(fmt.for_terminal(line, raw=args.raw), flush=True)
 
-    backend = ClusterTrials(client, spec.name, spec.poll_interval_s)
+    def say(line: str) -> None:
+        print(fmt.for_terminal(line, raw=args.raw), file=sys.stderr, flush=True)
+
+    backend = ClusterTrials(client, spec.name, spec.poll_interval_s, say=say)
     result = run_sweep(spec, backend, on_event=on_event)
     best = result.best
     if table:

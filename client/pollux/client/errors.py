@@ -137,6 +137,31 @@ class UnavailableError(PolluxError):
         )
 
 
+class ResourceExhaustedError(PolluxError):
+    """The caller is over one of its limits (open streams, PENDING jobs, submit rate).
+
+    Attributes:
+        retry_after_s: When a retry will pass, from the server's ``google.rpc.RetryInfo``
+            (a rate limit); None when it cannot say (a queue limit: wait for jobs to start).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: grpc.StatusCode | None = grpc.StatusCode.RESOURCE_EXHAUSTED,
+        details: Sequence[Any] = (),
+    ) -> None:
+        super().__init__(message, code, details)
+        self.retry_after_s: float | None = next(
+            (
+                d.retry_delay.ToNanoseconds() / 1e9
+                for d in self.details
+                if isinstance(d, error_details_pb2.RetryInfo) and d.HasField("retry_delay")
+            ),
+            None,
+        )
+
+
 class UnreachableError(UnavailableError):
     """No scheduler answered at all: nothing listens at the addresses, or they do not resolve.
 
@@ -213,6 +238,7 @@ _BY_CODE: dict[grpc.StatusCode, type[PolluxError]] = {
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.ABORTED: AbortedError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -105,10 +105,16 @@ class PermissionDenied(ServiceError):
 class ResourceExhausted(ServiceError):
     """The caller is over one of its limits (streams, pending jobs, submit rate).
 
-    The message names the limit, its value and the setting that configures it.
+    The message names the limit, its value and the setting that configures it; where the
+    server knows when a retry will pass (a rate limit), `retry_after_s` goes to the client as
+    a ``google.rpc.RetryInfo`` detail.
     """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Violations:
@@ -162,6 +168,10 @@ def _status_of(error: Exception) -> tuple[grpc.StatusCode, str, list[Any]]:
         more = len(error.violations) - len(violations)
         suffix = f" (and {more} more)" if more else ""
         return error.code, f"invalid request: {text}{suffix}", [detail]
+    if isinstance(error, ResourceExhausted) and error.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_after_s * 1e9))
+        return error.code, error.message, [error_details_pb2.RetryInfo(retry_delay=delay)]
     if isinstance(error, ServiceError):
         return error.code, error.message, []
     if isinstance(error, StoreUnavailable):

@@ -149,10 +149,12 @@ class SubmitLimits:
                 for back in taken:
                     back.tokens += 1.0
                 who = user if key[0] == "user" else _tenant_name(tenant)
+                retry = max(wait, 0.1)
                 raise ResourceExhausted(
                     f"{who} submitted faster than {rate:g} jobs/s after a burst of {burst} "
                     f"({SECTION}.submits_per_s_per_{key[0]}, {SECTION}.submit_burst_per_"
-                    f"{key[0]}): retry in {max(wait, 0.1):.1f} s"
+                    f"{key[0]}): retry in {retry:.1f} s",
+                    retry_after_s=retry,
                 )
             taken.append(bucket)
 
