@@ -74,6 +74,7 @@ class Problem:
     Attributes (read-only, as every other one):
         penalty: Each job's restart factor, in [0, 1] (faithful Pollux's, unless `weighted`
             replaced it).
+        reference: (nodes, replicas) of the allocation whose goodput is speedup 1.0.
         weight: Each job's utility weight (`pollux.policy.weights`); None: every job alike.
     """
 
@@ -91,6 +92,7 @@ class Problem:
         "num_jobs",
         "params",
         "penalty",
+        "reference",
         "scale",
         "speedup",
         "speedups",
@@ -111,6 +113,7 @@ class Problem:
     max_k: IntArray
     min_k: IntArray
     penalty: FloatArray
+    reference: tuple[int, int]
     scale: float
     current_k: IntArray
     current_spans: IntArray
@@ -157,6 +160,7 @@ class Problem:
             init.scale = len(self.node_names) / max(self.total_gpus, 1)
         else:
             base, init.scale = (1, 1), 1.0
+        init.reference = base
         init.current_k = current.sum(axis=1)
         init.current_spans = np.count_nonzero(current, axis=1)
         init.speedups = speedups_for(
@@ -265,6 +269,7 @@ class Problem:
         spans = np.count_nonzero(placed, axis=1)
         speeds = self.speedups.lookup(self.every_job, spans, replicas).tolist()
         moved = (placed != self.current).any(axis=1).tolist()
+        one_more = self._one_more(replicas)
         for j, job in enumerate(self.state.jobs):
             row = placed[j]
             used = np.nonzero(row)[0]  # ascending: node order, replicas of a node adjacent
@@ -276,9 +281,31 @@ class Problem:
             reason = self._reason(j, int(replicas[j]), int(spans[j]), changed)
             if changed and replicas[j] < self.current_k[j]:
                 reason += self._taken_by(j, placed)
-            explain[job.name] = JobExplain(speedup=speed, penalty=factor, reason=reason)
+            explain[job.name] = JobExplain(
+                speedup=speed,
+                penalty=factor,
+                reason=reason,
+                move_factor=float(self.penalty[j]),
+                one_more=one_more.get(j),
+                limit=int(self.max_k[j]),
+                reference=self.reference,
+            )
         objective = power_mean(np.array(xs), self.params.p)
         return AllocationDecision(allocations=allocations, explain=explain, objective=objective)
+
+    def _one_more(self, replicas: IntArray) -> dict[int, float]:
+        """Each job's speedup with one GPU more than `replicas`, within its limit.
+
+        On the fewest nodes that hold them, as Explain's counterfactuals: what the round would
+        have valued growing the job at (times its restart factor: growing is a move).
+        """
+        grow = replicas + 1
+        jobs = np.nonzero(grow <= self.max_k)[0]
+        if jobs.size == 0:
+            return {}
+        ks = grow[jobs]
+        speeds = self.speedups.lookup(jobs, self.consolidated_nodes(ks), ks)
+        return {int(j): float(v) for j, v in zip(jobs.tolist(), speeds.tolist(), strict=True)}
 
     def _taken_by(self, j: int, placed: IntArray) -> str:
         """``; its GPUs went to b (1 → 2 GPUs, speedup 1.0 → 1.8); its speedup 2.0 → 1.0``.
@@ -299,7 +326,7 @@ class Problem:
             involved, self.current_spans[involved], self.current_k[involved]
         )
         names = [
-            f"{self.state.jobs[i].name} ({int(self.current_k[i])} → {_count(int(k), 'GPU')}, "
+            f"{self._called(i, j)} ({int(self.current_k[i])} → {_count(int(k), 'GPU')}, "
             f"speedup {b:.2g} → {a:.2g})"
             for i, k, b, a in zip(
                 involved[1:].tolist(), new_k[1:].tolist(), before[1:], after[1:], strict=True
@@ -310,6 +337,19 @@ class Problem:
             f"; its GPUs went to {', '.join(names)}{more}; its speedup "
             f"{before[0]:.2g} → {after[0]:.2g}"
         )
+
+    def _called(self, i: int, j: int) -> str:
+        """How job `j`'s reason names job `i`: its name, with its id where that is needed.
+
+        By name (its `label`) when it is a job of `j`'s owner, with its id only if another
+        such job shares the name; another user's job by id alone (its name is theirs).
+        """
+        other, me = self.state.jobs[i], self.state.jobs[j]
+        if other.owner != me.owner:
+            return f"another user's job {other.name}"
+        label = other.label or other.name
+        same = sum(1 for x in self.state.jobs if x.owner == me.owner and x.label == other.label)
+        return f"{label} ({other.name})" if other.label and same > 1 else label
 
     def _reason(self, j: int, k_new: int, n_new: int, changed: bool) -> str:
         k_old = int(self.current_k[j])

@@ -122,6 +122,9 @@ class JobInfo:
         owner: The user who submitted it. The users of a tenant share it alike, however
             many jobs each queues (`pollux.policy.owners`); jobs of one owner are scheduled
             exactly as jobs of no owner ("").
+        label: What people call the job (its spec's name, which several jobs may share);
+            "": `name`. Reasons name other jobs by it (`pollux.policy.problem`); the policy
+            never decides by it.
     """
 
     name: str
@@ -153,6 +156,7 @@ class JobInfo:
         return self.gpu_types is None or gpu_type in self.gpu_types
 
     owner: str = ""
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +239,13 @@ class JobExplain:
         gpu_price: With several GPU types: the round's price of one GPU of `gpu_type` in
             the policy's utility (what a GPU of that type was worth at the margin); None
             when not priced.
+        move_factor: The restart factor any re-allocation of the job was charged this
+            round, moved or not (a new allocation's speedup counts times it); None: not said.
+        one_more: Predicted speedup with one GPU more than chosen (on the fewest nodes that
+            hold it); None: past `limit`, or not evaluated.
+        limit: Most GPUs the round could give the job; None: not said.
+        reference: (nodes, GPUs) of the allocation speedup 1.0 stands for (the job's fair
+            share); None: not said.
     """
 
     speedup: float
@@ -242,6 +253,10 @@ class JobExplain:
     reason: str
     gpu_type: str = ""
     gpu_price: float | None = None
+    move_factor: float | None = None
+    one_more: float | None = None
+    limit: int | None = None
+    reference: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

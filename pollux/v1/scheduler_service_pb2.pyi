@@ -129,7 +129,7 @@ class ExplainRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("job", "decision", "round", "model", "batch", "last_change", "alternatives", "holders", "batch_choice", "queue_position", "pending_jobs", "objective")
+    __slots__ = ("job", "decision", "round", "model", "batch", "last_change", "alternatives", "holders", "batch_choice", "queue_position", "pending_jobs", "objective", "allocation_decision", "allocation_round")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,8 @@ class ExplainResponse(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_DECISION_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ROUND_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     decision: _types_pb2.JobDecision
     round: _types_pb2.Decision
@@ -154,7 +156,9 @@ class ExplainResponse(_message.Message):
     queue_position: int
     pending_jobs: int
     objective: str
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., objective: _Optional[str] = ...) -> None: ...
+    allocation_decision: _types_pb2.JobDecision
+    allocation_round: _types_pb2.Decision
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ..., model: _Optional[_Union[_types_pb2.JobModel, _Mapping]] = ..., batch: _Optional[_Union[_types_pb2.BatchConfig, _Mapping]] = ..., last_change: _Optional[_Union[_types_pb2.StateTransition, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[ExplainAlternative, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[ExplainHolder, _Mapping]]] = ..., batch_choice: _Optional[_Union[ExplainBatch, _Mapping]] = ..., queue_position: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., objective: _Optional[str] = ..., allocation_decision: _Optional[_Union[_types_pb2.JobDecision, _Mapping]] = ..., allocation_round: _Optional[_Union[_types_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class EstimateJobRequest(_message.Message):
     __slots__ = ("spec",)
@@ -189,16 +193,18 @@ class ExplainAlternative(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., speedup: _Optional[float] = ..., goodput: _Optional[float] = ...) -> None: ...
 
 class ExplainHolder(_message.Message):
-    __slots__ = ("job_id", "gpus", "speedup", "speedup_without_one")
+    __slots__ = ("job_id", "gpus", "speedup", "speedup_without_one", "name")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SPEEDUP_FIELD_NUMBER: _ClassVar[int]
     SPEEDUP_WITHOUT_ONE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     speedup: float
     speedup_without_one: float
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., speedup: _Optional[float] = ..., speedup_without_one: _Optional[float] = ...) -> None: ...
+    name: str
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., speedup: _Optional[float] = ..., speedup_without_one: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ExplainBatch(_message.Message):
     __slots__ = ("batch_size", "local_batch_size", "accum_steps", "throughput", "efficiency", "goodput")

@@ -383,23 +383,35 @@ class ReplicaStatus(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
 
 class JobDecision(_message.Message):
-    __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed")
+    __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed", "move_factor", "speedup_one_more", "gpu_limit", "reference_gpus", "reference_nodes", "model_time")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SPEEDUP_FIELD_NUMBER: _ClassVar[int]
     RESTART_PENALTY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_ONE_MORE_FIELD_NUMBER: _ClassVar[int]
+    GPU_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_NODES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TIME_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
     speedup: float
     restart_penalty: float
     reason: str
     changed: bool
-    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., speedup: _Optional[float] = ..., restart_penalty: _Optional[float] = ..., reason: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
+    move_factor: float
+    speedup_one_more: float
+    gpu_limit: int
+    reference_gpus: int
+    reference_nodes: int
+    model_time: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., speedup: _Optional[float] = ..., restart_penalty: _Optional[float] = ..., reason: _Optional[str] = ..., changed: _Optional[bool] = ..., move_factor: _Optional[float] = ..., speedup_one_more: _Optional[float] = ..., gpu_limit: _Optional[int] = ..., reference_gpus: _Optional[int] = ..., reference_nodes: _Optional[int] = ..., model_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded", "unchanged_not_recorded", "placement")
+    __slots__ = ("round", "time", "policy", "objective", "jobs", "snapshot_revision", "scheduler_id", "pending_not_recorded", "unchanged_not_recorded", "placement", "idle_gpus")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +422,7 @@ class Decision(_message.Message):
     PENDING_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     UNCHANGED_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_GPUS_FIELD_NUMBER: _ClassVar[int]
     round: int
     time: _timestamp_pb2.Timestamp
     policy: str
@@ -420,7 +433,8 @@ class Decision(_message.Message):
     pending_not_recorded: int
     unchanged_not_recorded: int
     placement: bool
-    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ..., placement: _Optional[bool] = ...) -> None: ...
+    idle_gpus: int
+    def __init__(self, round: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., objective: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., snapshot_revision: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., pending_not_recorded: _Optional[int] = ..., unchanged_not_recorded: _Optional[int] = ..., placement: _Optional[bool] = ..., idle_gpus: _Optional[int] = ...) -> None: ...
 
 class ApiToken(_message.Message):
     __slots__ = ("id", "user", "role", "tenant", "secret_sha256", "create_time", "expire_time", "description", "created_by")

@@ -141,8 +141,8 @@ def _from_message(cls: type[T], *messages: Any, **given: Any) -> T:
     """The dataclass `cls` from `given` and the like-named fields of `messages`.
 
     Each field comes from the first message that has it. Repeated fields become tuples, maps
-    dicts, Timestamps datetimes (None when unset); a dataclass field no message has keeps its
-    default unless given.
+    dicts, Timestamps datetimes (None when unset), an ``optional`` scalar None when unset; a
+    dataclass field no message has keeps its default unless given.
     """
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -156,6 +156,8 @@ def _from_message(cls: type[T], *messages: Any, **given: Any) -> T:
             values[f.name] = dict(item)
         elif _is_repeated(field):
             values[f.name] = tuple(item)
+        elif field.message_type is None and field.has_presence and not holder.HasField(f.name):
+            values[f.name] = None
         else:
             values[f.name] = item
     return cls(**values, **given)
@@ -320,6 +322,8 @@ def explanation_to_proto(explanation: Explanation) -> spb.ExplainResponse:
         batch_choice=_optional(
             lambda choice: _to_message(choice, spb.ExplainBatch()), explanation.batch_choice
         ),
+        allocation_decision=_optional(decision_to_proto, explanation.allocation_decision),
+        allocation_round=_optional(round_to_proto, explanation.allocation_round),
     )
 
 
@@ -341,6 +345,8 @@ def explanation_from_proto(message: spb.ExplainResponse) -> Explanation:
         alternatives=tuple(_from_message(Alternative, a) for a in message.alternatives),
         holders=tuple(_from_message(Holder, h) for h in message.holders),
         batch_choice=part("batch_choice", lambda b: _from_message(BatchChoice, b)),
+        allocation_decision=part("allocation_decision", decision_from_proto),
+        allocation_round=part("allocation_round", round_from_proto),
     )
 
 

@@ -9,10 +9,10 @@ for its cluster, so `pollux-cli` works against it with no flags::
     ca_file = "/home/me/.local/share/pollux/pki/ca.pem"  # the CA of its certificate
     token = "pollux_0123456789ab_..."
 
-A setting comes from, first to last: a flag (``--server``, ``--context``), the environment
-(``POLLUX_SERVER``, ``POLLUX_CA``, ``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the context, the
-default (``127.0.0.1:7070``, plaintext). No token is taken from a flag; the file is 0600,
-written under a lock and atomically (`write_context`)."""
+A setting comes from, first to last: a flag, the environment (``POLLUX_SERVER``, ``POLLUX_CA``,
+``POLLUX_TOKEN``, ``POLLUX_CONTEXT``), the context, the default (``127.0.0.1:7070``, plaintext);
+never a token from a flag. The file is 0600, written under a lock, atomically (`write_context`).
+"""
 
 from __future__ import annotations
 

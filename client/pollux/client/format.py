@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from pollux.client.types import (
     ClusterStatus,
     Explanation,
     Job,
+    JobDecision,
     JobEstimate,
     JobSpec,
     NodeStatus,
@@ -344,8 +346,10 @@ def explanation_text(explanation: Explanation) -> str:
         pairs += [
             ("Chosen", f"{plural(chosen, 'GPU')} on {counted(decision.nodes)}"),
             ("Change", change),
-            ("Speedup", f"{decision.speedup:.3f}"),
+            ("Speedup", f"{decision.speedup:.3f}{_speedup_basis(decision)}"),
+            *_speedup_history(explanation),
             ("Restart penalty", f"{decision.restart_penalty:.3f}"),
+            *_move_factor_pairs(decision),
             ("Reason", decision.reason or NONE),
         ]
     if info is not None:
@@ -421,6 +425,141 @@ def _counterfactual_pairs(explanation: Explanation) -> list[tuple[str, object]]:
     return pairs
 
 
+def _speedup_basis(decision: JobDecision) -> str:
+    """`` × its goodput on its fair share (1 GPU on 1 node), by its model of …``."""
+    basis = ""
+    if decision.reference_gpus:
+        ref = f"{plural(decision.reference_gpus, 'GPU')} on "
+        basis = (
+            f" × its goodput on its fair share ({ref}{plural(decision.reference_nodes, 'node')})"
+        )
+    if decision.model_time is not None:
+        return f"{basis}, by its model of {timestamp(decision.model_time)}"
+    if decision.reference_gpus:
+        return f"{basis}, with no model yet (linear scaling assumed)"
+    return basis
+
+
+def _speedup_history(explanation: Explanation) -> list[tuple[str, object]]:
+    """What the policy predicted of this allocation when it chose it, and what changed since.
+
+    A speedup is relative to the job's fair share and predicted by its model: the same
+    allocation reads 1.000 before the first fit and 0.516 after it, so both are shown with
+    the change that moved one to the other.
+    """
+    then, now, chosen = (
+        explanation.allocation_decision,
+        explanation.decision,
+        explanation.allocation_round,
+    )
+    if then is None or now is None or abs(then.speedup - now.speedup) < 5e-4:
+        return []
+    when = (
+        f"round {chosen.round} at {timestamp(chosen.time)}" if chosen is not None else "the round"
+    )
+    changes = []
+    if then.model_time != now.model_time:
+        if then.model_time is None:
+            changes.append(
+                f"its model was first fitted ({timestamp(now.model_time)}; until then linear "
+                "scaling was assumed)"
+            )
+        elif now.model_time is None:
+            changes.append("its model is gone (linear scaling assumed again)")
+        else:
+            changes.append(
+                f"its model was refitted ({timestamp(then.model_time)} → "
+                f"{timestamp(now.model_time)}: throughput and gradient noise, and so the batch "
+                "size it picks)"
+            )
+    if (then.reference_gpus, then.reference_nodes) != (now.reference_gpus, now.reference_nodes):
+        changes.append(
+            f"its fair share changed ({plural(then.reference_gpus, 'GPU')} → "
+            f"{plural(now.reference_gpus, 'GPU')}: jobs arrived or finished)"
+        )
+    why = "; ".join(changes) or "no change of its model or fair share was recorded"
+    return [("Speedup then", f"{then.speedup:.3f} when {when} chose this allocation; since: {why}")]
+
+
+def _move_factor_pairs(decision: JobDecision) -> list[tuple[str, object]]:
+    if decision.move_factor is None:
+        return []
+    return [
+        (
+            "Restart factor",
+            f"{decision.move_factor:.3f}: a re-allocation stops and restarts the job, so a new "
+            "allocation's speedup counted × this in the round (it grows as the job runs "
+            "without a restart)",
+        )
+    ]
+
+
+_BUDGET = re.compile(r"\(tenant ([^:]*): (\d+) of its (\d+)-GPU budget\)")
+
+
+def why_not_one_more(explanation: Explanation) -> str:
+    """Why the last round did not give the job one more GPU, from its decision record.
+
+    The rules that hold a job back, in the order the policy applies them: its GPU limit
+    (max_replicas, the exploration limit), the restart factor (a move must pay for its
+    restart), its tenant's budget, no idle GPU (one would be taken from another job only
+    where that raises the objective), a placement round. "" when the record does not say
+    (no decision, a pending job, a job the round moved, a server that does not record it).
+    """
+    d, info = explanation.decision, explanation.round
+    held = len(d.nodes) if d is not None else 0
+    if d is None or held == 0 or d.changed:
+        return ""
+    if d.gpu_limit and held >= d.gpu_limit:
+        return f"{plural(held, 'GPU')} is its limit this round: {_limit_text(explanation, held)}"
+    if d.speedup_one_more is None or d.move_factor is None:
+        return ""
+    more, factor, kept = d.speedup_one_more, d.move_factor, d.speedup
+    valued = (
+        f"{held + 1} GPUs at speedup {more:.3f} × restart factor {factor:.3f} = {more * factor:.3f}"
+    )
+    if more * factor <= kept:
+        pays = f"; it pays once the factor exceeds {kept / more:.3f}" if more > kept > 0 else ""
+        return (
+            f"the restart would cost more than the GPU gains: the round valued {valued}, no "
+            f"more than the {kept:.3f} it has unchanged{pays} (the factor grows as the job "
+            "runs without a restart)"
+        )
+    budget = _BUDGET.search(d.reason)
+    if budget is not None and int(budget.group(2)) >= int(budget.group(3)):
+        return f"its tenant {budget.group(1)} holds its whole {budget.group(3)}-GPU budget"
+    idle = info.idle_gpus if info is not None else 0
+    if info is not None and info.placement:
+        return (
+            "the round was a placement round, which only starts new jobs on free GPUs; the "
+            "next full round weighs growing this one"
+        )
+    if idle == 0:
+        return (
+            f"no GPU was idle: the round valued {valued}, but a GPU would have to come from "
+            "another job, and the policy moves one only where it raises its objective (the "
+            "cheapest GPUs below)"
+        )
+    return (
+        f"{plural(idle, 'GPU')} idle and the round valued {valued}, above the {kept:.3f} it "
+        f"has; but {held + 1} GPUs were valued on the fewest nodes, and the idle GPUs are "
+        "elsewhere: spanning more nodes is slower, and no node takes two distributed jobs"
+    )
+
+
+def _limit_text(explanation: Explanation, held: int) -> str:
+    spec, model = explanation.job.spec, explanation.model
+    if spec.max_replicas and held >= spec.max_replicas:
+        return "its max_replicas"
+    if model is not None and model.max_profiled_replicas:
+        return (
+            f"it has been measured on up to {plural(model.max_profiled_replicas, 'replica')}, "
+            "and a job may grow only a few-fold past what it has measured (the exploration "
+            "limit), so that its model is not trusted far beyond its measurements"
+        )
+    return "the cluster's GPUs (or the nodes one job may span)"
+
+
 def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
     """One more GPU for this job against what the cheapest held GPUs are worth elsewhere."""
     job = explanation.job
@@ -432,14 +571,19 @@ def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
         pairs.append(
             (
                 "One more GPU",
-                f"+{gain:.3f} speedup for this job ({held} → {plural(held + 1, 'GPU')})",
+                f"+{gain:.3f} speedup for this job ({held} → {plural(held + 1, 'GPU')}, "
+                "predicted now)",
             )
         )
+    why = why_not_one_more(explanation)
+    if why:
+        pairs.append(("Not given", why))
     for index, h in enumerate(explanation.holders):
+        who = f"{h.name} ({h.job_id})" if h.name else h.job_id
         pairs.append(
             (
                 "Cheapest GPUs" if index == 0 else "",
-                f"{h.job_id}'s last of {plural(h.gpus, 'GPU')} is worth "
+                f"{who}: its last of {plural(h.gpus, 'GPU')} is worth "
                 f"{h.last_gpu_worth:.3f} speedup to it ({h.speedup:.3f} → "
                 f"{h.speedup_without_one:.3f})",
             )

@@ -226,6 +226,20 @@ class JobDecision:
     reason: str
     changed: bool
     """Whether the round changed the job's allocation."""
+    move_factor: float | None = None
+    """The restart factor any re-allocation was charged that round, moved or not: a new
+    allocation's speedup counted times it (1 = free); None when the server does not say."""
+    speedup_one_more: float | None = None
+    """Predicted speedup with one GPU more, as the round valued it; None: past the limit."""
+    gpu_limit: int = 0
+    """Most GPUs the round could give the job (0: not said)."""
+    reference_gpus: int = 0
+    """GPUs of the allocation speedup 1.0 stands for (its fair share; 0: not said)."""
+    reference_nodes: int = 0
+    """Nodes of that reference allocation."""
+    model_time: datetime | None = None
+    """When the model the round valued the job with was published; None: no model yet
+    (linear scaling assumed)."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +257,8 @@ class RoundInfo:
     placement: bool = False
     """True: an event's placement round, which planned only jobs that never ran, on free GPUs;
     False: a full round, which re-planned every job."""
+    idle_gpus: int = 0
+    """GPUs no job held once the round's decision was applied."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +359,11 @@ class Explanation:
     """Pending jobs in the cluster."""
     objective: str = ""
     """What the scheduler's policy maximises, in words; "" if the server does not say."""
+    allocation_decision: JobDecision | None = None
+    """The job's part of the round that chose its current allocation, when that is not
+    `decision` itself (what the policy predicted then); None when not among the records."""
+    allocation_round: RoundInfo | None = None
+    """That round."""
 
 
 @dataclass(frozen=True)
@@ -366,6 +387,8 @@ class Holder:
     gpus: int
     speedup: float
     speedup_without_one: float
+    name: str = ""
+    """Its name when the caller may see the job; "" for another user's job."""
 
     @property
     def last_gpu_worth(self) -> float:

@@ -45,7 +45,8 @@ from pollux.policy.types import (
     TenantSpec,
 )
 from pollux.scheduler import failure_hints
-from pollux.scheduler.lifecycle import ACTIVE, clipped, transition
+from pollux.scheduler.explain import decision_entry
+from pollux.scheduler.lifecycle import ACTIVE, transition
 from pollux.service.store import Snapshot
 from pollux.v1 import types_pb2 as pb
 
@@ -198,22 +199,15 @@ def plan_round(
         plan.held_gpus += len(new_nodes)
         explain = decision.explain.get(job.id)
         moved = new_nodes != old_nodes and Counter(new_nodes) != Counter(old_nodes)
-        entries.append(
-            pb.JobDecision(
-                job_id=job.id,
-                nodes=list(new_nodes),
-                speedup=explain.speedup if explain else 0.0,
-                restart_penalty=explain.penalty if explain else 1.0,
-                reason=clipped(explain.reason) if explain else "",
-                changed=moved,
-            )
-        )
+        model = snapshot.models.get(job.id)
+        entries.append(decision_entry(job.id, new_nodes, explain, moved, model))
         if not moved:
             continue
         reason = explain.reason if explain else "re-allocated"
         mine = changed.get(job.id) or _copy(job)
         _reallocate(mine, new_nodes, now, round_number, reason, plan)
         changed[job.id] = mine
+    record.idle_gpus = max(0, int(total) - plan.held_gpus)
     previous = recorded or {}
     _remember(plan, entries, previous, round_number, max_entries=MAX_RECORDED_PENDING + int(total))
     if planned is not None:  # what records hold of the jobs this round left alone
@@ -599,6 +593,7 @@ def _job_info(
         oracle=oracle,
         tenant=job.tenant,
         owner=job.owner,
+        label=job.spec.name,
         remaining_work=remaining,
         restart_pause_s=pause,
         resizes=int(job.resizes),

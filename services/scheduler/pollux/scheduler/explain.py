@@ -22,7 +22,9 @@ import numpy as np
 
 from pollux.goodput import best_batch, efficiency
 from pollux.policy.problem import PolluxParams, Problem
-from pollux.policy.types import ClusterState, JobInfo
+from pollux.policy.types import ClusterState, JobExplain, JobInfo
+from pollux.scheduler.lifecycle import clipped
+from pollux.v1 import types_pb2 as pb
 
 HOLDERS = 3
 """Holders listed: enough to show where a GPU would come from, short enough to read."""
@@ -74,6 +76,41 @@ class Counterfactual:
     batch: BatchPick | None
     queue_position: int
     pending_jobs: int
+
+
+def decision_entry(
+    job_id: str,
+    nodes: tuple[str, ...],
+    explain: JobExplain | None,
+    moved: bool,
+    model: pb.JobModel | None,
+) -> pb.JobDecision:
+    """A job's part of a round's decision record, as Explain reads it back.
+
+    Beside the allocation, speedup and reason: what a move would have cost it (the restart
+    factor), what one more GPU was worth, its GPU limit, what speedup 1.0 stood for and
+    which model the round valued it with, so that Explain can say why a GPU was not given
+    and why a speedup changed while the allocation did not.
+    """
+    entry = pb.JobDecision(
+        job_id=job_id,
+        nodes=list(nodes),
+        speedup=explain.speedup if explain else 0.0,
+        restart_penalty=explain.penalty if explain else 1.0,
+        reason=clipped(explain.reason) if explain else "",
+        changed=moved,
+    )
+    if explain is not None:
+        if explain.move_factor is not None:
+            entry.move_factor = explain.move_factor
+        if explain.one_more is not None:
+            entry.speedup_one_more = explain.one_more
+        entry.gpu_limit = max(explain.limit or 0, 0)
+        if explain.reference is not None:
+            entry.reference_nodes, entry.reference_gpus = explain.reference
+    if model is not None and model.HasField("update_time"):
+        entry.model_time.CopyFrom(model.update_time)
+    return entry
 
 
 def counterfactual(

@@ -34,13 +34,15 @@ class ClusterViews(ServicerBase):
         """The job, its part of the latest decision that included it, its model."""
         job, _ = await self._job(request.job_id, "Explain", context)
         response = spb.ExplainResponse(job=redacted(job))
-        for decision in await self.store.latest_decisions(50):
+        decisions = await self.store.latest_decisions(50)
+        for decision in decisions:
             mine = next((d for d in decision.jobs if d.job_id == job.id), None)
             if mine is not None:
                 response.decision.CopyFrom(mine)
                 response.round.CopyFrom(decision)
                 response.round.ClearField("jobs")
                 break
+        _allocation_decision(job, decisions, response)
         if not response.HasField("decision") and job.state == pb.JOB_STATE_PENDING:
             response.decision.job_id = job.id
             response.decision.reason = "pending: waiting for GPUs behind other jobs"
@@ -136,12 +138,16 @@ class ClusterViews(ServicerBase):
             response.alternatives.add(
                 gpus=a.gpus, nodes=a.nodes, speedup=a.speedup, goodput=a.goodput
             )
+        owner = owner_filter(auth.current())
         for h in found.holders:
+            held = snapshot.jobs.get(h.job_id)
+            visible = held is not None and owner in (None, held.value.owner)
             response.holders.add(
                 job_id=h.job_id,
                 gpus=h.gpus,
                 speedup=h.speedup,
                 speedup_without_one=h.speedup_without_one,
+                name=held.value.spec.name if held is not None and visible else "",
             )
         if found.batch is not None:
             b = found.batch
@@ -203,6 +209,30 @@ class ClusterViews(ServicerBase):
         if decisions:
             response.last_round = max(response.last_round, decisions[0].round)
         return response
+
+
+def _allocation_decision(
+    job: pb.Job, decisions: list[pb.Decision], response: spb.ExplainResponse
+) -> None:
+    """Fill `allocation_decision`: the job's part of the round that chose its allocation.
+
+    The newest record in which the job's allocation changed to the one it holds (records are
+    newest first), unless that is `response.decision` itself: Explain then shows what the
+    policy predicted of the allocation when it chose it beside what it predicts now.
+    """
+    held = sorted(job.allocation.nodes)
+    if not held:
+        return
+    for decision in decisions:
+        mine = next((d for d in decision.jobs if d.job_id == job.id), None)
+        if mine is None or not mine.changed:
+            continue
+        if sorted(mine.nodes) != held or decision.round == response.round.round:
+            return  # chose another allocation since, or is the decision shown already
+        response.allocation_decision.CopyFrom(mine)
+        response.allocation_round.CopyFrom(decision)
+        response.allocation_round.ClearField("jobs")
+        return
 
 
 def last_change(job: pb.Job) -> pb.StateTransition | None:

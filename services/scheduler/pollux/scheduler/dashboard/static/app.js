@@ -624,7 +624,7 @@ function plural(n, noun) {
     }
     if ((explain.holders || []).length) {
       parts.push(h("h3", {}, "Where a GPU would come from"), table([
-        { title: "job", cell: (x) => jobLink(x.job_id) },
+        { title: "job", cell: (x) => jobLink(x.job_id, x.name ? x.name + " (" + x.job_id + ")" : x.job_id) },
         { title: "GPUs", num: true, cell: (x) => String(x.gpus) },
         { title: "speedup", num: true, cell: (x) => fmtNum(x.speedup) },
         { title: "without one", num: true, cell: (x) => fmtNum(x.speedup_without_one) },
