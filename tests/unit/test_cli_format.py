@@ -343,7 +343,7 @@ def test_explanation_text_shows_the_counterfactuals_with_units():
     assert "RESCALING: scaled 1 → 2 GPUs" in text
     assert "total 256 samples (128 per GPU × 1 micro-batch): throughput 250.0 samples/s" in text
     assert "efficiency 0.800 = goodput 200.0 samples/s" in text
-    assert "+0.300 speedup for this job (4 → 5 GPUs, predicted now)" in text
+    assert "+0.300 speedup for this job (4 → 5 GPUs), predicted now" in text
     assert "j-other: its last of 2 GPUs is worth 0.400 speedup to it (1.200 → 0.800)" in text
     assert "SPEEDUP (× fair-share goodput)" in text
     assert "GOODPUT (samples/s)" in text

@@ -77,7 +77,7 @@ def test_one_of_everything_is_singular() -> None:
         "from 1 observation, profiled up to 1 replica,",
         "1st of 1 pending job (by submission time)",
         "(64 per GPU × 1 micro-batch)",
-        "j-2's last of 1 GPU is worth",
+        "j-2: its last of 1 GPU is worth",
     ):
         assert want in text, text
     assert fmt.allocation_text(Allocation(("n1",), 1, T0, 2)).startswith("1 GPU on n1 ")

@@ -55,7 +55,7 @@ def explained(decision: JobDecision, **more: object) -> Explanation:
 
 def test_an_idle_gpu_held_back_by_the_restart_factor_says_so() -> None:
     text = fmt.explanation_text(explained(record()))
-    assert "+0.218 speedup for this job (4 → 5 GPUs, predicted now)" in text
+    assert "+0.218 speedup for this job (4 → 5 GPUs), predicted now" in text
     assert "Not given:" in text
     assert "the restart would cost more than the GPU gains" in text
     assert "5 GPUs at speedup 1.218 × restart factor 0.700 = 0.853" in text

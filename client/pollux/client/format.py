@@ -571,8 +571,8 @@ def _gpu_market(explanation: Explanation) -> list[tuple[str, object]]:
         pairs.append(
             (
                 "One more GPU",
-                f"+{gain:.3f} speedup for this job ({held} → {plural(held + 1, 'GPU')}, "
-                "predicted now)",
+                f"+{gain:.3f} speedup for this job ({held} → {plural(held + 1, 'GPU')}), "
+                "predicted now",
             )
         )
     why = why_not_one_more(explanation)
