@@ -141,7 +141,7 @@ def main() -> None:
             ["ls", "--user", "user3", "--limit", "50"],
             ["ls", "--name-prefix", "gpt-", "--state", "SUCCEEDED"],
             ["describe", unique],
-            ["describe", newest.spec.name],  # ambiguous: the error lists the candidates
+            ["describe", newest.spec.name],  # a reused name: its active job, else its newest
         ]
         print(f"{'command':<52} {'median s':>9} {'worst s':>8}  first line")
         for command in commands:
