@@ -132,7 +132,14 @@ async def discover(
 def own_cluster(workdir: Path) -> Iterator[LocalCluster]:
     """A fresh secure LocalCluster: 1 scheduler, 1 agent, 1 node with 1 CPU slot."""
     cluster = LocalCluster(
-        workdir, nodes=1, gpus_per_node=1, schedulers=1, agents=1, interval_s=1.0, secure=True
+        workdir,
+        nodes=1,
+        gpus_per_node=1,
+        schedulers=1,
+        agents=1,
+        interval_s=1.0,
+        secure=True,
+        replica_isolation=True,  # fail to start rather than check replicas that run as root
     )
     with cluster:
         # What `pollux-up` writes for the admin, here in a home of its own.

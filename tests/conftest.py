@@ -86,8 +86,12 @@ def _replicas_reach_tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFa
     """
     if os.geteuid() != 0:
         return
-    base = tmp_path_factory.getbasetemp()
-    for directory in (base.parent, base, tmp_path):
+    # Every directory between pytest's temporary root and tmp_path: with xdist workers that is
+    # pytest-of-<user>/pytest-<n>/popen-gw<k>/<test>, not only the base and its parent.
+    root = tmp_path_factory.getbasetemp()
+    while root.parent.name.startswith(("pytest-", "popen-gw")):
+        root = root.parent
+    for directory in [root, *(p for p in tmp_path.parents if root in p.parents), tmp_path]:
         directory.chmod(directory.stat().st_mode & 0o7777 | 0o011)
 
 

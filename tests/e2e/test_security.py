@@ -90,7 +90,14 @@ EXPECTED = {
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(
-        tmp_path, nodes=1, gpus_per_node=1, schedulers=1, agents=1, interval_s=1.0, secure=True
+        tmp_path,
+        nodes=1,
+        gpus_per_node=1,
+        schedulers=1,
+        agents=1,
+        interval_s=1.0,
+        secure=True,
+        replica_isolation=True,  # never the fallback to root: that is what is checked
     ) as c:
         c.write_cli_context(tmp_path / "admin-home" / ".config" / "pollux" / "config.toml")
         yield c
