@@ -31,7 +31,7 @@ import numpy as np
 from pollux.goodput import GoodputModel, GradParams, PerfParams, fit_perf_params
 from pollux.policy import Allocation, ClusterState, JobInfo, NodeInfo
 from pollux.policy.assignment import exact
-from pollux.policy.problem import PolluxParams
+from pollux.policy.params import PolluxParams
 from pollux.policy.registry import PolicySpec, make_policy
 from pollux.policy.typed_problem import typed_problem
 from pollux.policy.typed_round import options, solve

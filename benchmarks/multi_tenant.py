@@ -33,7 +33,8 @@ try:
 except ImportError:  # run as a script: this folder is on the path
     from wrapped import WrappedPolicy  # type: ignore[import-not-found, no-redef]
 from pollux.policy import greedy
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.quota import Tenants, entitlements
 from pollux.policy.registry import TENANT_SHARES, PolicySpec, make_policy
 from pollux.policy.tenant_shares import Ledger

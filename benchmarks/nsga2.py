@@ -23,14 +23,9 @@ import numpy.typing as npt
 
 from pollux.policy.allocation import validate_state
 from pollux.policy.exploration import FAITHFUL, Exploration
-from pollux.policy.problem import PolluxParams, Problem
-from pollux.policy.types import (
-    AllocationDecision,
-    ClusterState,
-    JobExplain,
-    JobSizing,
-    PolicyInputError,
-)
+from pollux.policy.params import PolicyInputError, PolluxParams
+from pollux.policy.problem import Problem
+from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, JobSizing
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -7,7 +7,7 @@ from typing import Generic
 import numpy as np
 
 from pollux.policy.exploration import Exploration
-from pollux.policy.problem import PolluxParams
+from pollux.policy.params import PolluxParams
 from pollux.policy.types import AllocationDecision, ClusterState, JobSizing, M, Policy
 
 

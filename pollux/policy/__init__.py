@@ -1,5 +1,6 @@
 """Cluster policies: pure functions from a cluster snapshot to every job's allocation."""
 
+from pollux.policy.params import PolicyInputError
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -9,7 +10,6 @@ from pollux.policy.types import (
     NodeInfo,
     OracleInfo,
     Policy,
-    PolicyInputError,
     TenantSpec,
 )
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from pollux.policy.types import Allocation, ClusterState, PolicyInputError
+from pollux.policy.params import PolicyInputError
+from pollux.policy.types import Allocation, ClusterState
 
 
 def validate_state(state: ClusterState) -> None:

@@ -27,7 +27,8 @@ from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.jct import JctParams
 from pollux.policy.owners import by_owner_turns, owner_factor
-from pollux.policy.problem import IntArray, PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import IntArray, Problem
 from pollux.policy.quota import Quota
 from pollux.policy.tenant_shares import DEFAULT, Ledger, TenantShares, tenant_shares
 from pollux.policy.tenant_shares.common import explained

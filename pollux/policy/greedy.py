@@ -1,18 +1,14 @@
-"""Pollux's greedy marginal-gain optimiser (replaces the published NSGA-II, §4.4).
+"""Pollux's greedy marginal-gain optimiser over a `Problem` (replaces the paper's NSGA-II, §4.4).
 
-Three phases over a `Problem`:
+1. **Counts**: GPUs go to the jobs that gain most per GPU, one jump at a time, placements
+   assumed consolidated; comparing jumps by gain per GPU handles non-concave speedup curves
+   and the bonus for an unchanged allocation.
+2. **Placement**: jobs that keep their count keep their nodes (no restart); the rest are placed
+   largest first, on one node (best fit) or across nodes with no other distributed job.
+3. **Fill**: GPUs stranded by fragmentation go to the growth moves with the best exact gain.
 
-1. **Counts.** Give GPUs to the jobs whose objective gains most per GPU, one jump at a time,
-   assuming consolidated placements. Jumps (not single GPUs) are compared by gain per GPU, so
-   non-concave speedup curves and the bonus for keeping an allocation unchanged are handled.
-2. **Placement.** Jobs that keep their GPU count keep their exact nodes (no restart); the rest
-   are placed largest first, on one node (best fit) or across nodes that host no other
-   distributed job (interference avoidance), avoiding GPUs still held by jobs placed later.
-3. **Fill.** GPUs left idle by fragmentation go to the growth moves with the best exact gain.
-
-Every phase is deterministic: ties go to the earlier job and node in the snapshot's order.
-With tenants (`quota.Quota`), every phase also keeps each tenant within its GPU budget: a
-jump, growth or trade that would take a tenant past it is not considered.
+Deterministic: ties go to the earlier job and node of the snapshot. With tenants
+(`quota.Quota`) no phase takes a tenant past its GPU budget.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import numpy.typing as npt
 from scipy.special import exp1
 
 from pollux.policy.exploration import Exploration
-from pollux.policy.problem import PolluxParams
-from pollux.policy.types import ClusterState, JobInfo, PolicyInputError
+from pollux.policy.params import PolicyInputError, PolluxParams
+from pollux.policy.types import ClusterState, JobInfo
 from pollux.policy.valuation import restart_factor
 
 FloatArray = npt.NDArray[np.float64]

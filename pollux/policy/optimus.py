@@ -30,6 +30,7 @@ from pollux.policy.allocation import (
 )
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.owners import owners_of, turns
+from pollux.policy.params import PolicyInputError
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -38,7 +39,6 @@ from pollux.policy.types import (
     JobInfo,
     JobSizing,
     OracleInfo,
-    PolicyInputError,
 )
 
 

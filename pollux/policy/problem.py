@@ -10,20 +10,18 @@ place; its arrays are read-only. Job weights are the product of named factors
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from pollux.policy.params import Normalisation, PolluxParams
 from pollux.policy.types import (
     AllocationDecision,
     ClusterState,
     JobExplain,
-    PolicyInputError,
 )
 from pollux.policy.valuation import (
-    Normalisation,
     Speedups,
     fair_share,
     power_mean,
@@ -34,38 +32,6 @@ from pollux.policy.valuation import (
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True, slots=True)
-class PolluxParams:
-    """Knobs of the Pollux objective; the defaults are the published configuration.
-
-    Attributes:
-        p: Exponent of the power mean over job speedups: -1 (default) is the paper's fairness
-            trade-off, 1 maximises total speedup, very negative approaches max-min fairness.
-        restart_delay: Seconds a re-allocation costs, for the restart factor; 0 disables it.
-        normalisation: What speedup 1.0 means (see `Normalisation`).
-        interference_avoidance: At most one distributed job per node.
-        max_nodes_per_job: Most nodes one job may span (the artifact uses 16); None: no cap.
-        epsilon: Offset added to scaled speedups so a job without GPUs weighs 1/epsilon.
-    """
-
-    p: float = -1.0
-    restart_delay: float = 30.0
-    normalisation: Normalisation = Normalisation.FAIR_SHARE
-    interference_avoidance: bool = True
-    max_nodes_per_job: int | None = 16
-    epsilon: float = 1e-3
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.p):
-            raise PolicyInputError("params.p", f"must be finite, got {self.p}")
-        if self.restart_delay < 0:
-            raise PolicyInputError("params.restart_delay", "must be ≥ 0")
-        if self.max_nodes_per_job is not None and self.max_nodes_per_job < 1:
-            raise PolicyInputError("params.max_nodes_per_job", "must be ≥ 1 or None")
-        if not self.epsilon > 0:
-            raise PolicyInputError("params.epsilon", "must be > 0")
 
 
 class Problem:

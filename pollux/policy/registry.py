@@ -17,7 +17,7 @@ from typing import Any, cast
 from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams, RestartRule
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.problem import PolluxParams
+from pollux.policy.params import PolluxParams
 from pollux.policy.tenant_shares import METHODS, tenant_shares
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import Policy

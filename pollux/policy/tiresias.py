@@ -26,6 +26,7 @@ import numpy as np
 from pollux.policy.allocation import canonical, gpus, place_on_freest, validate_state
 from pollux.policy.exploration import FAITHFUL, Exploration
 from pollux.policy.owners import owners_of, turns
+from pollux.policy.params import PolicyInputError
 from pollux.policy.types import (
     Allocation,
     AllocationDecision,
@@ -33,7 +34,6 @@ from pollux.policy.types import (
     JobExplain,
     JobInfo,
     JobSizing,
-    PolicyInputError,
 )
 
 

@@ -24,9 +24,9 @@ import numpy.typing as npt
 from pollux.goodput import GoodputModel
 from pollux.goodput.batch import GoodputModels
 from pollux.policy.configs import Config, NodeGroup, configs, node_groups
-from pollux.policy.problem import PolluxParams
+from pollux.policy.params import Normalisation, PolluxParams
 from pollux.policy.types import ClusterState, JobInfo
-from pollux.policy.valuation import Normalisation, fair_share, utility
+from pollux.policy.valuation import fair_share, utility
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

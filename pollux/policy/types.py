@@ -16,36 +16,20 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from pollux.goodput import GoodputModel
 from pollux.policy.exploration import Exploration
-
-if TYPE_CHECKING:
-    from pollux.policy.problem import PolluxParams
+from pollux.policy.params import PolicyInputError, PolluxParams
 
 M = TypeVar("M")
 """A policy's memory between rounds (its own type: None, a ledger, Tiresias' queues)."""
 
 Allocation = tuple[str, ...]
 """Node name of each replica, replicas of one node adjacent; () means no GPUs."""
-
-
-class PolicyInputError(ValueError):
-    """A cluster state a policy cannot act on (e.g. an allocation naming an unknown node).
-
-    Attributes:
-        field: The offending part of the state, e.g. ``"jobs[job-3].allocation"``.
-        problem: What is wrong with it.
-    """
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)

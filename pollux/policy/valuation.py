@@ -8,7 +8,6 @@ multiplied by its restart factor. Since x ↦ x^p / p (log x at p = 0) is increa
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Sequence
 
@@ -20,20 +19,6 @@ from pollux.policy.types import JobInfo
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-class Normalisation(enum.Enum):
-    """What a speedup of 1.0 means.
-
-    Attributes:
-        FAIR_SHARE: The goodput of an equal split of the cluster (the published artifact,
-            `A:pollux.py` Problem.__init__): weighs jobs by how much better than a fair share
-            they do.
-        ONE_GPU: The best goodput on one GPU (the paper's definition, §3.3).
-    """
-
-    FAIR_SHARE = "fair_share"
-    ONE_GPU = "one_gpu"
 
 
 def utility(x: FloatArray, p: float) -> FloatArray:

@@ -1,24 +1,16 @@
-"""The trace-driven model of one training application, as the simulator sees it (§5.5-§5.6).
+"""One training application as the simulator sees it, from its published traces (§5.5-§5.6).
 
-The simulator never trains anything: a job's step time, its gradient statistics and the progress
-it needs per epoch are read from the published measurements of its application. This module turns
-one `ApplicationTrace` into an `Application` that answers those questions, and the Optimus oracle's
-"true" step time (reference §6.1), with the published semantics:
+Nothing is trained: step time, gradient statistics and progress per epoch are read from the
+application's measurements, with the published semantics: throughput interpolated in the
+per-GPU batch over a measured placement (3-D over nodes, replicas and batch from 5 nodes up);
+gradient statistics, iterations and metrics interpolated in the total batch between the two
+validated batches around it; progress the least any validated run had made after an epoch.
+It also answers the Optimus oracle's "true" step time (reference §6.1).
 
-- throughput: 1-D linear interpolation in the per-GPU batch over a measured placement, else 3-D
-  linear interpolation over (nodes, replicas, per-GPU batch) for placements of 5 or more nodes;
-- gradient statistics, iterations and metrics: linear interpolation in the total batch size between
-  the two validated batch sizes that bracket it, at one epoch's row;
-- progress: the smallest progress any validated run had made after a number of epochs.
-
-Why a class of its own: the simulator asks for throughput millions of times per workload, so every
-table is precomputed once and every answer is memoised (a hit is one dict lookup). And why typed
-errors: the published code asserts (or returns NaN) when a query leaves the measured data, and
-NaN silently poisons a simulation; here such a query raises `TraceRangeError` naming the
-application and the query, and a malformed argument raises `InvalidArgumentError`.
-
-The object is pure and deterministic: no I/O after construction, no randomness, and its only
-mutable state is its caches (which change no answer).
+Every table is precomputed and every answer memoised (the simulator asks millions of times).
+A query outside the measured data raises `TraceRangeError` naming it, where the published
+code asserted or returned NaN; a malformed argument raises `InvalidArgumentError`. Pure and
+deterministic: its caches are its only mutable state.
 """
 
 from __future__ import annotations

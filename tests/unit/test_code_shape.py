@@ -12,18 +12,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("pollux", "services", "client", "benchmarks", "examples", "scripts", "tests")
 SKIPPED = (ROOT / "pollux" / "v1",)
 MAX_CLASS_LINES = 400
 MAX_DOCSTRING_LINES = 15
-KNOWN_LONG_DOCSTRINGS = {
-    # Trimmed by the coordinator (others work in these packages now).
-    "pollux/policy/greedy.py",
-    "pollux/sim/application.py",
-}
 
 
 def source_files() -> list[Path]:
@@ -89,17 +82,8 @@ def test_no_module_docstring_is_over_15_lines() -> None:
         f"{relative(path)}: {lines} lines"
         for path in FILES
         if (lines := spans(path)[0]) > MAX_DOCSTRING_LINES
-        and relative(path) not in KNOWN_LONG_DOCSTRINGS
     ]
     assert not long, "trim these to the what and why:\n" + "\n".join(long)
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN_LONG_DOCSTRINGS))
-def test_each_known_exception_is_still_needed(name: str) -> None:
-    # Once trimmed (or gone) it must leave the list, so the list only ever shrinks.
-    path = ROOT / name
-    assert path.is_file(), f"{name} is gone: remove it from KNOWN_LONG_DOCSTRINGS"
-    assert spans(path)[0] > MAX_DOCSTRING_LINES, f"{name} is trimmed: remove it from the list"
 
 
 def test_the_measure_counts_source_lines_closing_quotes_included(tmp_path: Path) -> None:

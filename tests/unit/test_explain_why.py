@@ -16,7 +16,8 @@ import numpy as np
 
 from pollux.client import format as fmt
 from pollux.client.types import Alternative, Explanation, Holder, JobDecision, RoundInfo
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.types import ClusterState, JobInfo, NodeInfo
 from tests.unit.test_cli_format import T0, explanation
 

@@ -20,14 +20,9 @@ from pollux.policy.exploration import FAITHFUL, FAITHFUL_GROWTH, Exploration, ex
 from pollux.policy.forecast import forecast
 from pollux.policy.goodput_policy import JctParams, PolluxPolicy
 from pollux.policy.optimus import OptimusPolicy
+from pollux.policy.params import PolicyInputError
 from pollux.policy.tiresias import TiresiasPolicy
-from pollux.policy.types import (
-    AllocationDecision,
-    ClusterState,
-    JobExplain,
-    JobSizing,
-    PolicyInputError,
-)
+from pollux.policy.types import AllocationDecision, ClusterState, JobExplain, JobSizing
 from pollux.scheduler.cycle import cluster_state
 from pollux.service.store import Entry, Snapshot
 from pollux.sim.application import load_published_applications

@@ -22,7 +22,8 @@ from benchmarks.nsga2 import (
 )
 from pollux.goodput import GoodputModel, GradParams, PerfParams
 from pollux.policy import ClusterState, JobInfo, NodeInfo
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 
 SMALL = NsgaConfig(population=20, generations=10)
 MODEL = GoodputModel(

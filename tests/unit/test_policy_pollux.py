@@ -8,7 +8,8 @@ import pytest
 from benchmarks.nsga2 import NsgaConfig, NsgaPolicy
 from pollux.policy import ClusterState, JobInfo, PolicyInputError
 from pollux.policy.goodput_policy import PolluxParams, PolluxPolicy
-from pollux.policy.valuation import Normalisation, restart_factor
+from pollux.policy.params import Normalisation
+from pollux.policy.valuation import restart_factor
 from tests.unit.policy_builders import job, nodes, random_state, state
 
 RNG = np.random.default_rng(0)

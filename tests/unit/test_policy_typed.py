@@ -15,7 +15,8 @@ from pollux.policy import greedy, typed_round
 from pollux.policy.configs import is_typed, on_one_type
 from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.registry import PolicySpec, make_policy
 from pollux.policy.typed_placement import place
 from pollux.policy.typed_problem import TableCache, _restart_factors, typed_problem

@@ -13,7 +13,8 @@ from hypothesis.extra import numpy as hnp
 from pollux.policy import jct
 from pollux.policy.goodput_policy import PolluxPolicy
 from pollux.policy.jct import JctParams
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.quota import Tenants
 from pollux.policy.tenant_shares.common import job_factor
 from pollux.policy.tenant_shares.weights import entitlement_tilt, guarantee_quota, tenant_tilt

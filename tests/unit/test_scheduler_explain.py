@@ -19,7 +19,8 @@ from pollux.policy.goodput_policy import (
     PolluxPolicy,
 )
 from pollux.policy.optimus import OptimusPolicy
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.tenant_shares import Ledger
 from pollux.policy.tiresias import TiresiasPolicy
 from pollux.policy.types import AllocationDecision, ClusterState

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pollux.goodput import best_batch, efficiency
-from pollux.policy.problem import PolluxParams, Problem
+from pollux.policy.params import PolluxParams
+from pollux.policy.problem import Problem
 from pollux.policy.types import ClusterState, JobExplain, JobInfo
 from pollux.scheduler.lifecycle import clipped
 from pollux.v1 import types_pb2 as pb
