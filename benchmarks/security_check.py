@@ -40,6 +40,7 @@ try:
         job_credentials,
         ownership,
         replica_files,
+        replica_start,
         terminal,
         tokens,
         transport,
@@ -53,6 +54,7 @@ except (
         job_credentials,
         ownership,
         replica_files,
+        replica_start,
         terminal,
         tokens,
         transport,
@@ -84,6 +86,7 @@ async def attempt_all(session: Session) -> None:
     await bounds.stream_caps(session, users)
     await bounds.submit_caps(session, users)
     await replica_files.replica_reads(session, users)  # replica isolation
+    await replica_start.root_start(session, users)  # nothing of root's for a job's start
 
 
 async def run_checks(target: Target) -> list[Attempt]:

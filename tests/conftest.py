@@ -19,6 +19,7 @@ import pytest
 import structlog
 
 from pollux.service.store import Delete, Store
+from tests import job_python
 from tests.etcd_server import EtcdServer
 
 TIERS = ("unit", "integration", "e2e")
@@ -43,6 +44,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if info.st_uid == 0 and not root.is_symlink():
         root.chmod(0o711)
         os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the job environment `tests.job_python` made for the session's jobs, if any."""
+    del session, exitstatus
+    job_python.remove()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,7 +8,6 @@ that ends FAILED is counted, unless a full checkpoint disk failed it saying so.
 from __future__ import annotations
 
 import random
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import TypeVar
 
 from pollux.client import Client, Job, JobSpec
 from pollux.client.errors import InvalidArgumentError, NotFoundError, PolluxError
+from pollux.service.local import job_reach
 from pollux.service.local_cluster import LocalCluster
 
 from .tally import Tally
@@ -54,6 +54,9 @@ class Jobs:
         """Job id -> last state seen."""
         self.full_checkpoints = False
         """A full checkpoint disk is (or was, this cycle) injected: jobs may fail of it."""
+        self.python = job_reach.job_python(cluster.workdir)
+        """This environment's interpreter as the job uids can run it (the cluster's own job
+        environment where they cannot run this one)."""
 
     def client(self) -> Client:
         """A client of the scheduler replicas alive now (their ports change on restart)."""
@@ -83,7 +86,7 @@ class Jobs:
             steps = self.rng.randint(self.steps // 2, self.steps)
             spec = JobSpec(
                 name="chaos",
-                command=(sys.executable, str(JOB), str(steps)),
+                command=(self.python, str(JOB), str(steps)),
                 initial_batch_size=64,
                 max_batch_size=512,
                 max_replicas=self.rng.choice((1, 2, 4)),

@@ -24,6 +24,7 @@ import grpc
 from pollux.service import auth, pki
 from pollux.service.job_credentials import JobKeyring
 from pollux.service.keys import DEFAULT_ROOT
+from pollux.service.local import job_reach
 from pollux.service.local_cluster import LocalCluster
 from pollux.service.store import Store
 from pollux.service.tls import TlsFiles
@@ -291,11 +292,37 @@ class Session:
             return code_of(error)
         return OK, "\n".join(lines)
 
+    def job_python(self) -> str:
+        """The interpreter the check's Python jobs run: this one as the job uids can run it.
+
+        On a cluster of this machine (its work dir known) `job_reach.job_python` (its job
+        environment where the job uids cannot run this interpreter); elsewhere this one.
+        """
+        workdir = self.target.workdir
+        return sys.executable if workdir is None else job_reach.job_python(workdir)
+
     async def run_job(self, token: str, name: str, script: str, argv: list[str]) -> pb.Job | None:
         """Submit a one-replica Python job and wait for it to end; None if it never did."""
+        return await self.run_command(token, name, [self.job_python(), "-c", script, *argv])
+
+    async def run_command(
+        self,
+        token: str,
+        name: str,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        max_failures: int = 0,
+    ) -> pb.Job | None:
+        """Submit a one-replica job of `command` and wait for it to end; None if it never did.
+
+        `max_failures`: restarts before the job fails (0: the scheduler's default).
+        """
         spec = pb.JobSpec(
             name=name,
-            command=[sys.executable, "-c", script, *argv],
+            command=command,
+            env=env,
+            max_failures=max_failures,
             batch=pb.BatchLimits(initial_batch_size=1),
         )
         request = spb.SubmitJobRequest(spec=spec, request_id=f"check-{secrets.token_hex(8)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pollux.service.local_cluster import LocalCluster
+from tests.job_python import job_python
 
 JOB = Path(__file__).parent / "jobs" / "counter_job.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def test_submit_follow_streams_every_generation_and_exits_with_the_result(
         "--env",
         f"COUNTER_TOTAL={TOTAL_STEPS}",
         "--",
-        sys.executable,
+        job_python(),
         str(JOB),
         timeout=200,
     )

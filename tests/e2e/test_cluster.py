@@ -18,6 +18,7 @@ import pytest
 
 from pollux.client import JobSpec
 from pollux.service.local_cluster import LocalCluster
+from tests.job_python import job_python
 from tests.waiting import wait_until
 
 JOB = Path(__file__).parent / "jobs" / "counter_job.py"
@@ -67,7 +68,7 @@ def test_jobs_complete_through_leader_failover(cluster: LocalCluster, tmp_path: 
     env = {"COUNTER_TOTAL": "60", "COUNTER_STEP_S": "0.1", "PYTHONPATH": str(ROOT)}
     spec = JobSpec(
         "counter",
-        (sys.executable, str(JOB)),
+        (job_python(), str(JOB)),
         32,
         max_batch_size=256,
         max_replicas=4,
@@ -90,7 +91,7 @@ def test_jobs_complete_through_leader_failover(cluster: LocalCluster, tmp_path: 
         "-o",
         "json",
         "--",
-        sys.executable,
+        job_python(),
         str(JOB),
     )
     assert submitted.returncode == 0, submitted.stderr

@@ -24,7 +24,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ import pytest
 
 from pollux.client import JobSpec
 from pollux.service.local_cluster import LocalCluster
+from tests.job_python import job_python
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ def test_the_dashboard_shows_the_cluster_and_a_rescaled_jobs_timeline(
     }
     spec = JobSpec(
         "counter-dash",
-        (sys.executable, str(JOB)),
+        (job_python(), str(JOB)),
         32,
         max_batch_size=256,
         max_replicas=4,

@@ -30,6 +30,7 @@ import pytest
 
 from pollux.client import JobSpec
 from pollux.service.local_cluster import LocalCluster
+from tests.job_python import job_python
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +184,7 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
     spec = JobSpec(
         "elastic",
         (
-            sys.executable,
+            job_python(),
             str(EXAMPLE),
             "--epochs",
             str(EPOCHS),
@@ -202,7 +203,7 @@ def test_elastic_job_rescales_resumes_and_matches_a_solo_run(
     )
     competitor = JobSpec(
         "competitor",
-        (sys.executable, str(COUNTER)),
+        (job_python(), str(COUNTER)),
         32,
         env={"COUNTER_TOTAL": "100000", "COUNTER_STEP_S": "0.1", "PYTHONPATH": str(ROOT)},
         max_replicas=1,

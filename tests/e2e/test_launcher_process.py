@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pollux.service.store import Store
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.job_python import job_python
 from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +66,8 @@ async def registered_node(store: Store) -> pb.Node:
 
 async def run_sleeper(store: Store, job_id: str) -> int:
     """Allocate a sleeping one-replica job to the node; returns its replica's pid once running."""
-    spec = pb.JobSpec(name="sleep", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    command = [job_python(), "-c", "import time; time.sleep(60)"]
+    spec = pb.JobSpec(name="sleep", command=command)
     await store.create_job(pb.Job(id=job_id, request_id=f"r-{job_id}", spec=spec))
     await store.put(store.keys.allocation(job_id), pb.Allocation(nodes=["e2e-node"], generation=1))
 

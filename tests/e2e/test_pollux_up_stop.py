@@ -25,6 +25,7 @@ import pytest
 from pollux.client import Client, JobSpec
 from pollux.v1 import admin_service_pb2 as apb
 from pollux.v1 import admin_service_pb2_grpc as apb_grpc
+from tests.job_python import job_python
 from tests.waiting import wait_until
 
 JOB = Path(__file__).parent / "jobs" / "counter_job.py"
@@ -144,7 +145,7 @@ def test_sigterm_checkpoints_running_jobs_and_a_restart_resumes_them_with_the_sa
     assert mode(config.parent) == 0o700
     spec = JobSpec(
         "resume",
-        (sys.executable, str(JOB)),
+        (job_python(), str(JOB)),
         32,
         env={"PYTHONPATH": str(ROOT), "COUNTER_TOTAL": "100000", "COUNTER_STEP_S": "0.05"},
         stop_grace_s=20,

@@ -83,6 +83,11 @@ EXPECTED = {
     "a job reads another user's job's checkpoint (": "REFUSED",
     "a job reads another user's job's log": "REFUSED",
     "(control) a job reads a file in its own checkpoint dir": "READ",
+    # A job's start: nothing runs as root with its environment, no root capability at exec.
+    "a job runs a program only root may reach": "REFUSED",
+    "(control) a job runs the system's id": "RAN",
+    "a job's LOCPATH names locale files only root may open": "UNTOUCHED",
+    "(control) a root process given that LOCPATH opens the locale files": "OPENED",
 }
 """Each attempt the issue asks for (by the start of its name) and the answer it must get."""
 

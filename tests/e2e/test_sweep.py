@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pollux.service.local_cluster import LocalCluster
+from tests.job_python import job_python
 
 TRIAL = Path(__file__).parent / "jobs" / "hpo_trial.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_sweep_runs_trials_as_jobs_and_reports_the_best(
         "poll_interval_s": 0.5,
         "parameters": {"x": {"type": "float", "low": -1.0, "high": 1.0}},
         "job": {
-            "command": [sys.executable, str(TRIAL), "${x}"],
+            "command": [job_python(), str(TRIAL), "${x}"],
             "initial_batch_size": 8,
             "max_replicas": 1,
             "env": {"PYTHONPATH": str(ROOT)},

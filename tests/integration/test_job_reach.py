@@ -8,7 +8,6 @@ packages, and say why when nothing can.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +16,7 @@ import pytest
 
 from pollux.service.local import job_reach
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root"),
-    pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv"),
-]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
 PLAN = (
     "import os, sys; from pathlib import Path; from pollux.service.local import job_reach; "
@@ -65,16 +61,10 @@ def test_a_python_in_a_closed_home_gets_a_job_environment_a_job_uid_can_run(
         return
     assert Path(bin_dir) == workdir / job_reach.JOB_ENV / "bin"
     path = os.pathsep.join([bin_dir, str(python.parent), os.environ["PATH"]])
-    ran = subprocess.run(
-        job_reach.as_job_uid(
-            ["python", "-c", "import os, structlog, pollux.train; print(os.getuid())"],
-            job_reach.PROBE_UID,
-        ),
+    ran = job_reach.as_job_uid(
+        ["python", "-c", "import os, structlog, pollux.train; print(os.getuid())"],
+        job_reach.PROBE_UID,
         env={"PATH": path},
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=False,
         timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
@@ -95,4 +85,34 @@ def test_a_job_dir_in_a_closed_home_is_named_with_the_fix(tmp_path: Path) -> Non
 
 def test_the_probe_says_what_the_job_uid_met() -> None:
     assert job_reach.probe("/bin/false", os.environ["PATH"]) == "/bin/false exited 1"
-    assert "No such file or directory" in job_reach.probe("/nonexistent/python", "/usr/bin")
+    assert job_reach.probe("/nonexistent/python", "/usr/bin") == (
+        "a job uid cannot start /nonexistent/python: No such file or directory"
+    )
+    assert job_reach.probe("python", "/nonexistent") == (
+        "a job uid cannot start python: not found on the job's PATH (/nonexistent)"
+    )
+
+
+def test_an_interpreter_only_root_may_run_is_out_of_reach_and_job_python_is_not(
+    tmp_path: Path,
+) -> None:
+    # The probe runs as a replica does (the launcher's exec helper): root's permissions do
+    # not carry over to the exec, so a Python in a closed home is out of the job uid's reach.
+    python = closed_home_venv(tmp_path)
+    assert job_reach.probe(str(python), os.environ["PATH"]).startswith(
+        f"a job uid cannot start {python}: Permission denied to uid {job_reach.PROBE_UID}"
+    )
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    found = job_reach.job_python(cache)
+    if found == sys.executable:  # this environment is open to other users: nothing to make
+        assert not job_reach.probe(sys.executable, os.environ["PATH"])
+        return
+    assert found == str(cache / job_reach.JOB_ENV / "bin" / "python")
+    ran = job_reach.as_job_uid(
+        [found, "-c", "import os, structlog, pollux.train; print(os.getuid())"],
+        job_reach.PROBE_UID,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == [str(job_reach.PROBE_UID)]

@@ -8,7 +8,6 @@ another user's job id must never print that user's log.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from pollux.v1 import scheduler_service_pb2_grpc as spb_grpc
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
 from tests.integration.test_launcher import make_config
+from tests.job_python import job_python
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(90)
@@ -86,7 +86,7 @@ async def cluster(
 def printing(name: str, line: str) -> pb.JobSpec:
     return pb.JobSpec(
         name=name,
-        command=[sys.executable, "-c", f"print({line!r})"],
+        command=[job_python(), "-c", f"print({line!r})"],
         batch=pb.BatchLimits(initial_batch_size=8),
     )
 

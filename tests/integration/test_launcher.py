@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import launcher_service_pb2_grpc as lgrpc
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.job_python import job_python
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,7 +118,7 @@ async def submit(
 ) -> None:
     spec = pb.JobSpec(
         name="train",
-        command=[sys.executable, str(script)],
+        command=[job_python(), str(script)],
         env={"OUT_DIR": str(out), **env},
         working_dir=working_dir,
         stop_grace_s=5,
@@ -230,9 +230,9 @@ async def test_exit_codes_are_reported(
 
 
 NUL_SPECS = {
-    "command": {"command": [sys.executable, "-c", "print('a\x00b')"]},
-    "env value": {"command": [sys.executable, "-c", "pass"], "env": {"TOKEN": "a\x00b"}},
-    "working dir": {"command": [sys.executable, "-c", "pass"], "working_dir": "/tmp/a\x00b"},
+    "command": {"command": ["echo", "a\x00b"]},
+    "env value": {"command": ["true"], "env": {"TOKEN": "a\x00b"}},
+    "working dir": {"command": ["true"], "working_dir": "/tmp/a\x00b"},
 }
 
 

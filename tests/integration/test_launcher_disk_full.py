@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,6 +33,7 @@ from pollux.service.config import EtcdConfig, ServerConfig
 from pollux.service.store import Delete, Store
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
+from tests.job_python import job_python
 from tests.waiting import eventually
 
 REASON = disk_full.unavailable()
@@ -88,7 +88,7 @@ async def app(
 
 
 async def submit(store: Store, job_id: str, script: str, *nodes: str, generation: int = 1) -> None:
-    spec = pb.JobSpec(name=job_id, command=[sys.executable, "-c", script], stop_grace_s=5)
+    spec = pb.JobSpec(name=job_id, command=[job_python(), "-c", script], stop_grace_s=5)
     if await store.get_job(job_id) is None:
         await store.create_job(pb.Job(id=job_id, request_id=f"req-{job_id}", spec=spec))
     allocation = pb.Allocation(nodes=list(nodes or ["n1"]), generation=generation)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import pwd
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
+from pollux.launcher import exec_as
 from pollux.launcher.config import LauncherConfig
 from pollux.launcher.job_files import make_private_dir, make_private_subdir, write_file
 from pollux.launcher.job_policy import JobPolicy, RunAs, checkpoint_problems
@@ -251,20 +252,25 @@ def test_a_launcher_that_cannot_isolate_jobs_says_why_and_what_to_do():
     assert "unset it" in shared
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
-def test_setpriv_switches_the_user_and_keeps_the_parent_death_signal(tmp_path):
-    spec = LaunchSpec(["true"], {"PATH": os.defpath}, None, tmp_path / "log")
-    as_nobody = dataclasses.replace(spec, run_as=RunAs(65534, 65533))
-    assert with_launcher_fence(as_nobody)[1:] == [
-        "--reuid=65534",
-        "--regid=65533",
-        "--clear-groups",
-        "--pdeathsig",
-        "KILL",
+def test_the_exec_helper_switches_the_user_and_keeps_the_parent_death_signal(tmp_path):
+    # The helper (exec_as.py) switches user, arms the death signal and execs; it runs with an
+    # interpreter's isolated mode and reads the environment from the descriptor, never argv.
+    # tests/integration/test_exec_as.py runs it for real (a killed launcher's replica dies).
+    spec = LaunchSpec(["true"], {"PATH": os.defpath, "TOKEN": "hidden"}, None, tmp_path / "log")
+    as_nobody = dataclasses.replace(spec, run_as=RunAs(65534, 65533), cwd="/srv")
+    helper = [sys.executable, "-I", "-S", exec_as.HELPER, "--env-fd", "7"]
+    assert with_launcher_fence(as_nobody, 7) == [
+        *helper,
+        *("--parent", str(os.getpid())),
+        *("--user", "65534:65533"),
+        *("--cwd", "/srv"),
         "--",
         "true",
     ]
-    assert with_launcher_fence(spec)[1:] == ["--pdeathsig", "KILL", "--", "true"]
+    assert with_launcher_fence(spec, 7) == [*helper, "--parent", str(os.getpid()), "--", "true"]
+    assert "hidden" not in " ".join(with_launcher_fence(as_nobody, 7))
+    with pytest.raises(FileNotFoundError):
+        with_launcher_fence(dataclasses.replace(spec, command=["no-such-program-here"]), 7)
 
 
 def test_root_replicas_need_allow_root_and_per_job_uids_never_run_as_root(tmp_path):

@@ -5,8 +5,8 @@ bounds it; a refused job's replicas exit 127 (`replica.SPAWN_FAILED`) with the r
 fix in their log. ``working_dir`` must resolve (links and ``..`` followed) inside
 `JobPolicy.allowed_roots` or ``default_working_dir``; the checkpoint directory
 ``<checkpoint_root>/<job id>`` inside the checkpoint root. The environment may not set the
-loader's variables (``LD_*``, ``GLIBC_TUNABLES``, ``GCONV_PATH``: host programs such as
-setpriv run with it before the job's own), ``POLLUX_*``, what `JobPolicy.deny_env` names, nor
+loader's variables (``LD_*``, ``GLIBC_TUNABLES``, ``GCONV_PATH``: an image job's runtime
+client, a host program, runs with it), ``POLLUX_*``, what `JobPolicy.deny_env` names, nor
 for an image job what configures the runtime's client (`RUNTIME_CLIENT_PREFIXES`,
 `RUNTIME_CLIENT_NAMES`); `JobPolicy.allow_env` lifts a name an operator trusts. A root
 launcher runs each job under a uid of its own (job_users.py); one that cannot refuses to start

@@ -1,7 +1,11 @@
 """One replica process: start, capture its output, stop it gracefully, report its exit.
 
 The command runs without a shell in a session of its own, so a stop signal reaches everything
-the replica spawned and a signal to the launcher does not reach the replica. Its merged output
+the replica spawned and a signal to the launcher does not reach the replica. It is started
+through the launcher's exec helper (exec_as.py, `with_launcher_fence`): the helper runs with a
+fixed environment of its own, switches to the job's uid (root's capabilities go with the
+switch), arms the parent-death signal and only then execs the command with the job's
+environment, which it reads from a memfd (never from argv). Its merged output
 is pumped line by line into a bounded in-memory ring (StreamLogs) and its log file
 (replica_log.py: a failed write drops lines, never the exit report). A stop is SIGTERM to the
 group, `grace_s` to checkpoint and exit, then SIGKILL; a stopped replica that died of SIGTERM
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import structlog
 
+from pollux.launcher import exec_as
 from pollux.launcher.containers import Container
 from pollux.launcher.job_policy import RunAs
 from pollux.launcher.replica_log import DISK_FULL_ERRNOS, ReplicaLog
@@ -203,22 +208,22 @@ class LaunchSpec:
     umask: int = 0o077
 
 
-_SETPRIV = shutil.which("setpriv")
-"""util-linux's setpriv, which starts a command with a parent-death signal (PR_SET_PDEATHSIG)."""
+def with_launcher_fence(spec: LaunchSpec, env_fd: int) -> list[str]:
+    """The argv that runs `spec.command` as its user, so that it dies with its launcher.
 
-
-def with_launcher_fence(spec: LaunchSpec) -> list[str]:
-    """The argv that runs `spec.command` so that it dies with its launcher.
-
-    A replica runs in its own session (its process group is signalled as a whole), so nothing
-    would stop it if its launcher were killed: the cluster would re-place the job while the old
-    replica kept training on the same checkpoint directory. Started through ``setpriv
-    --pdeathsig KILL``, it gets SIGKILL the moment the launcher process ends (periodic
-    checkpoints bound what that loses). Where setpriv is missing the command runs as is.
+    Through the launcher's exec helper (exec_as.py), which switches to `spec.run_as` (if any)
+    with root's capabilities gone before the exec, arms the parent-death signal and execs the
+    command with the environment the memfd `env_fd` holds (`exec_as.env_file`). A replica runs
+    in its own session (its process group is signalled as a whole), so nothing else would
+    stop it if its launcher were killed: the cluster would re-place the job while the old
+    replica kept training on the same checkpoint directory. With SIGKILL as its parent-death
+    signal it dies the moment the launcher process ends (periodic checkpoints bound what that
+    loses).
 
     Raises:
         FileNotFoundError: The program does not exist or is not executable (checked here, so
-            the replica's log says so plainly rather than in setpriv's words).
+            the replica's log says so plainly; what the job's uid may not run, the helper
+            refuses with exit 126).
     """
     program = spec.command[0]
     found: str | None
@@ -229,19 +234,8 @@ def with_launcher_fence(spec: LaunchSpec) -> list[str]:
         found = shutil.which(program, path=spec.env.get("PATH", os.defpath))
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "no such executable program", program)
-    if _SETPRIV is None:
-        return list(spec.command)
-    identity = [] if spec.run_as is None else _setpriv_identity(spec.run_as)
-    return [_SETPRIV, *identity, "--pdeathsig", "KILL", "--", *spec.command]
-
-
-def _setpriv_identity(run_as: RunAs) -> list[str]:
-    """The options that make setpriv run the command as `run_as`, with no extra groups.
-
-    setpriv switches after the launcher's fork, in a single-threaded process, and keeps the
-    parent-death signal (set after the switch, which would otherwise clear it).
-    """
-    return [f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups"]
+    user = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
+    return exec_as.argv(spec.command, env_fd=env_fd, user=user, cwd=spec.cwd)
 
 
 class Replica:
@@ -360,23 +354,20 @@ class Replica:
             self._finish(SPAWN_FAILED)
             return
         self._container = spec.container
-        # Through setpriv when there is one (with_launcher_fence); else Python switches user in
-        # the forked child, which in a threaded process (gRPC's) has been seen to crash it.
-        identity = spec.run_as if _SETPRIV is None else None
         try:
-            self._process = await asyncio.create_subprocess_exec(
-                *with_launcher_fence(spec),
-                env=dict(spec.env),
-                cwd=spec.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                user=None if identity is None else identity.uid,
-                group=None if identity is None else identity.gid,
-                extra_groups=None if identity is None else [],
-                umask=spec.umask,
-            )
+            # The helper (exec_as.py) starts as this process's user with an environment of its
+            # own and takes the job's from the memfd: nothing of the job's runs as root.
+            with exec_as.env_file(spec.env) as env_fd:
+                self._process = await asyncio.create_subprocess_exec(
+                    *with_launcher_fence(spec, env_fd),
+                    env=exec_as.helper_env(spec.env),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(env_fd,),
+                    umask=spec.umask,
+                )
         except Exception as error:
             # Whatever the exec refused (a missing program or working dir, a NUL byte in an
             # argument, the environment or the working dir), the replica failed to start.

@@ -3,11 +3,13 @@
 A root `pollux-up` runs each job's replicas under a uid of the job's own with no groups, so
 they reach only what "others" may: `python` on the replicas' PATH, what it imports and the
 jobs' working dirs. A checkout or a Python under a 0700 home fails that, and every job dies on
-its first import. `plan` finds out before anything starts by running `python` as a launcher
-would run a replica (`probe`). Where this interpreter is out of the job uids' reach but its
-packages are not, it makes a job environment they can use (`make_job_env`): a virtual
-environment over an interpreter of the same minor version that they can run, importing this
-environment's packages. Otherwise it says why, so the caller can refuse or fall back.
+its first import (or its exec). `plan` finds out before anything starts by running `python`
+as a launcher runs a replica, through the launcher's own exec helper (`as_job_uid`, `probe`).
+Where this interpreter is out of the job uids' reach but its packages are not, it makes a job
+environment they can use (`make_job_env`): a virtual environment over an interpreter of the
+same minor version that they can run, importing this environment's packages. Otherwise it
+says why, so the caller can refuse or fall back. `job_python` answers the same question for
+one command: the interpreter tests and benchmarks name in their jobs.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pollux.service.local.workdir import untraversable
 
@@ -86,12 +87,34 @@ def _modules() -> list[str]:
     return [name for name in MODULES if importlib.util.find_spec(name) is not None]
 
 
-def as_job_uid(argv: Sequence[str], uid: int) -> list[str]:
-    """`argv` run as `uid` with no groups, the way a launcher starts a replica (setpriv)."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return list(argv)
-    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+def as_job_uid(
+    argv: Sequence[str],
+    uid: int,
+    *,
+    env: Mapping[str, str],
+    cwd: str = "/",
+    timeout: float = PROBE_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv` as `uid` (gid the same, no groups) exactly as a launcher starts a replica.
+
+    Through the launcher's exec helper (launcher/exec_as.py): `env` is the command's only,
+    never in force as root, and the program is exec'd with `uid`'s permissions alone. Output
+    is captured as text.
+    """
+    # Imported here: the distribution pollux-common does not depend on the launcher's.
+    from pollux.launcher import exec_as  # noqa: PLC0415
+
+    with exec_as.env_file(env) as env_fd:
+        return subprocess.run(
+            exec_as.argv(argv, env_fd=env_fd, user=(uid, uid), cwd=cwd),
+            env=exec_as.helper_env(env),
+            pass_fds=(env_fd,),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
 
 def probe(python: str, path: str, *, uid: int = PROBE_UID) -> str:
@@ -99,32 +122,24 @@ def probe(python: str, path: str, *, uid: int = PROBE_UID) -> str:
 
     Returns what went wrong, "" when it is this Python's version and finds its packages.
     """
-    identity: dict[str, Any] = {}
-    if shutil.which("setpriv") is None:
-        identity = {"user": uid, "group": uid, "extra_groups": []}
+    from pollux.launcher import exec_as  # noqa: PLC0415
+
     version = _version()
     try:
-        result = subprocess.run(
-            as_job_uid([python, "-c", _PROBE, version, *_modules()], uid),
-            # What replicas inherit that decides where Python finds its packages.
-            env={
-                "PATH": path,
-                "HOME": "/",
-                "LC_ALL": "C.UTF-8",
-                **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
-            },
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-            **identity,
+        result = as_job_uid(
+            [python, "-c", _PROBE, version, *_modules()],
+            uid,
+            env={"PATH": path, "HOME": "/", "LC_ALL": "C.UTF-8"},
         )
     except (OSError, subprocess.SubprocessError) as error:
         return f"a job uid cannot start {python}: {error}"
     if result.returncode == 0:
         return ""
     said = (result.stdout + result.stderr).strip().splitlines()
+    refused = f"{exec_as.PREFIX} {python!r}: "
+    never_ran = result.returncode in (exec_as.NOT_FOUND, exec_as.CANNOT_RUN)
+    if never_ran and said and said[-1].startswith(refused):  # the exec helper's own word
+        return f"a job uid cannot start {python}: {said[-1].removeprefix(refused)}"
     return said[-1] if said else f"{python} exited {result.returncode}"
 
 
@@ -186,21 +201,74 @@ def plan(workdir: Path, job_dirs: Sequence[Path], path: str, *, uid: int = PROBE
     as_is = probe("python", path, uid=uid)
     if not as_is:
         return Reach("")
-    for base in base_candidates(path):
-        if probe(base, path, uid=uid).startswith("a job uid cannot start"):
-            continue  # out of the job uids' reach: no environment over it would do
-        try:
-            bin_dir = make_job_env(workdir / JOB_ENV, base)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if not probe("python", os.pathsep.join([str(bin_dir), path]), uid=uid):
-            return Reach("", bin_dir)
+    bin_dir = _made_job_env(workdir, path, uid)
+    if bin_dir is not None:
+        return Reach("", bin_dir)
     blocked = untraversable(Path(sys.executable).resolve().parent) or Path(sys.prefix)
     return Reach(
         f"job uids cannot use this Python environment ({as_is}), and no Python "
         f"{_version()} they can run imports its packages: install Python and the environment "
         f"where other users may read them (not under {blocked}; chmod -R o+rX)"
     )
+
+
+def _made_job_env(directory: Path, path: str, uid: int) -> Path | None:
+    """The bin dir of a job environment made at `directory`/`JOB_ENV` that `uid` can run.
+
+    None when no interpreter of this version that `uid` can start (`base_candidates`) makes
+    one that finds this environment's packages.
+    """
+    for base in base_candidates(path):
+        if probe(base, path, uid=uid).startswith("a job uid cannot start"):
+            continue  # out of the job uids' reach: no environment over it would do
+        try:
+            bin_dir = make_job_env(directory / JOB_ENV, base)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if not probe("python", os.pathsep.join([str(bin_dir), path]), uid=uid):
+            return bin_dir
+    return None
+
+
+_job_pythons: dict[tuple[Path, int], str] = {}
+
+
+def job_python(directory: Path, *, uid: int = PROBE_UID) -> str:
+    """An interpreter of this environment that a job uid can run: for jobs' commands.
+
+    What tests and benchmarks put in a job's command where they would say `sys.executable`:
+    that interpreter when a job uid can run it and import its packages (`probe`), else the
+    job environment in `directory` (`JOB_ENV`; a local cluster's work dir holds one when its
+    jobs need it) if it works, else one made there now (`make_job_env`; `directory` must be
+    open to job uids). Not root: this interpreter (nothing switches user). Remembered for the
+    process.
+
+    Raises:
+        RuntimeError: No interpreter a job uid can start imports this environment's packages.
+    """
+    key = (directory.resolve(), uid)
+    if key not in _job_pythons:
+        _job_pythons[key] = _job_python(directory, uid)
+    return _job_pythons[key]
+
+
+def _job_python(directory: Path, uid: int) -> str:
+    path = os.environ.get("PATH", os.defpath)
+    if os.geteuid() != 0:
+        return sys.executable
+    as_is = probe(sys.executable, path, uid=uid)
+    if not as_is:
+        return sys.executable
+    made = directory / JOB_ENV / "bin" / "python"
+    if made.exists() and not probe(str(made), path, uid=uid):
+        return str(made)
+    problem = dir_problem(directory)
+    if problem:
+        raise RuntimeError(f"{as_is}; and {problem}")
+    bin_dir = _made_job_env(directory, path, uid)
+    if bin_dir is None:
+        raise RuntimeError(f"{as_is}; and no Python {_version()} a job uid can run imports it")
+    return str(bin_dir / "python")
 
 
 def _version() -> str:
