@@ -14,7 +14,7 @@ import contextlib
 import secrets
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -338,14 +338,19 @@ class Session:
         self.record(f"job {name} ran to its end", OK, "TIMEOUT", f"not done in {JOB_WAIT_S} s")
         return None
 
+    async def cancel(self, job_ids: Sequence[str]) -> None:
+        """Cancel these jobs as the admin (best effort: one that ended stays as it is)."""
+        jobs = self.jobs(self.target.admin_token)
+        for job_id in job_ids:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await jobs.CancelJob(spb.CancelJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
+
     async def clean_up(self) -> None:
         """Cancel the jobs and revoke the tokens this check made (best effort)."""
         if not self.target.schedulers:
             return
-        jobs, admin = self.jobs(self.target.admin_token), self.admin(self.target.admin_token)
-        for job_id in self.cleanup_jobs:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await jobs.CancelJob(spb.CancelJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
+        admin = self.admin(self.target.admin_token)
+        await self.cancel(self.cleanup_jobs)
         for token_id in self.cleanup_tokens:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await admin.RevokeToken(

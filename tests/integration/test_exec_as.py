@@ -193,6 +193,19 @@ async def test_a_program_the_job_uid_may_not_run_is_refused_not_run(tmp_path: Pa
     code, lines = await run(LaunchSpec(["no-such-program-here"], job_env(), "/", None))
     assert code == 127
     assert "no such executable program" in lines[0]
+    # Under the job's uid nothing is looked up as root: a missing program in a directory the
+    # job may not enter answers as an existing one does, so its absence is not told.
+    missing = closed / "no-such-program"
+    code, lines = await run(
+        LaunchSpec([str(missing)], job_env(), "/", None, run_as=RunAs(JOB_UID, JOB_UID))
+    )
+    assert code == exec_as.CANNOT_RUN
+    assert "Permission denied" in lines[0]
+    code, lines = await run(
+        LaunchSpec(["no-such-program-here"], job_env(), "/", None, run_as=RunAs(JOB_UID, JOB_UID))
+    )
+    assert code == 127
+    assert lines[0].startswith(f"{exec_as.PREFIX} 'no-such-program-here': not found")
 
 
 LAUNCHER = """

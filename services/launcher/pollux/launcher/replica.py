@@ -221,10 +221,15 @@ def with_launcher_fence(spec: LaunchSpec, env_fd: int) -> list[str]:
     loses).
 
     Raises:
-        FileNotFoundError: The program does not exist or is not executable (checked here, so
-            the replica's log says so plainly; what the job's uid may not run, the helper
-            refuses with exit 126).
+        FileNotFoundError: A replica of the launcher's own user names a program that does not
+            exist or is not executable (checked here, so the replica's log says so plainly).
+            A replica under its job's uid is not checked here: root's look-up would tell the
+            job what exists where it may not look; the helper looks as the job's user, and
+            says what it found with exit 127 (not found) or 126 (not allowed).
     """
+    user = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
+    if user is not None:
+        return exec_as.argv(spec.command, env_fd=env_fd, user=user, cwd=spec.cwd)
     program = spec.command[0]
     found: str | None
     if "/" in program:
@@ -234,8 +239,7 @@ def with_launcher_fence(spec: LaunchSpec, env_fd: int) -> list[str]:
         found = shutil.which(program, path=spec.env.get("PATH", os.defpath))
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "no such executable program", program)
-    user = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
-    return exec_as.argv(spec.command, env_fd=env_fd, user=user, cwd=spec.cwd)
+    return exec_as.argv(spec.command, env_fd=env_fd, user=None, cwd=spec.cwd)
 
 
 class Replica:
