@@ -37,6 +37,7 @@ import torch
 
 from pollux.client import Client, ClusterStatus, Job, JobSpec
 from pollux.launcher.gpus import CPU_SLOT, GpuDetectionError, detect
+from pollux.service.local.job_reach import job_python
 from pollux.service.local_cluster import LocalCluster
 
 try:
@@ -341,7 +342,7 @@ def check_probe(
     """Checks 2 and 3: the probe job on every slot the scheduler gives it."""
     spec = JobSpec(
         "gpu-check-probe",
-        (sys.executable, str(JOB), "probe"),
+        (job_python(cluster.workdir), str(JOB), "probe"),
         64,  # a fixed batch that K replicas can split: the policy may give it every slot
         max_replicas=slots,
         max_failures=1,
@@ -460,7 +461,15 @@ def check_elastic(
     # replicas pay off, so that faithful Pollux grows it (docs/training.md, --emulate-ms).
     epochs, samples, emulate = ("6", "8192", "20,0.5") if grow else ("6", "8192", "10,0.05")
     command = (
-        *(sys.executable, str(JOB), "example", "--epochs", epochs, "--samples", samples),
+        *(
+            job_python(cluster.workdir),
+            str(JOB),
+            "example",
+            "--epochs",
+            epochs,
+            "--samples",
+            samples,
+        ),
         *("--lr", "0.01", "--batch-size", "64", "--emulate-ms", emulate),
         *("--audit-dir", str(audit.directory)),
     )
@@ -486,7 +495,9 @@ def check_elastic(
         )
         say(f"generation {two} trains on 2 replicas; a competing job arrives")
         competitor = client.submit(
-            JobSpec("gpu-check-idle", (sys.executable, str(JOB), "idle"), 1, max_replicas=1)
+            JobSpec(
+                "gpu-check-idle", (job_python(cluster.workdir), str(JOB), "idle"), 1, max_replicas=1
+            )
         ).id
         one = wait_for(
             while_alive(
