@@ -1,7 +1,9 @@
 """One user against another's jobs: nothing seen, changed or reached, and secrets withheld.
 
-Bob cannot get, cancel, delete, explain, stream the logs of or watch alice's job, nor list it
-or call admin RPCs (PERMISSION_DENIED; her job is unchanged afterwards). Secret environment
+Bob cannot get, cancel, delete, explain, stream the logs of or watch alice's job: each answers
+NOT_FOUND as for an id of no job, word for word, so ids and owners cannot be probed; his node
+list counts her GPUs without her job's id; admin RPCs are PERMISSION_DENIED; her job is
+unchanged afterwards. Secret environment
 values show as ``<secret>`` in every response. A job named after another user's (deleted) job
 id is refused at submit (INVALID_ARGUMENT), and logs, describe and cancel by that id reach
 nothing (NOT_FOUND), never the other's log.
@@ -17,7 +19,7 @@ from pollux.v1 import launcher_service_pb2 as lpb
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
 
-from .session import CALL_TIMEOUT_S, OK, SECRET, Session
+from .session import CALL_TIMEOUT_S, OK, SECRET, Session, unary_status
 
 
 async def other_users_jobs(session: Session, users: dict[str, str]) -> None:
@@ -36,17 +38,46 @@ async def other_users_jobs(session: Session, users: dict[str, str]) -> None:
         ),
         ("Explain", bob.Explain(spb.ExplainRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S)),
     ):
-        await session.expect(f"bob {name} of alice's job", "PERMISSION_DENIED", call)
+        await session.expect(f"bob {name} of alice's job", "NOT_FOUND", call)
     await session.expect_stream(
         "bob StreamLogs of alice's job",
-        "PERMISSION_DENIED",
+        "NOT_FOUND",
         bob.StreamLogs(lpb.StreamLogsRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S),
     )
     await session.expect_stream(
         "bob WatchJobs of alice's job",
-        "PERMISSION_DENIED",
+        "NOT_FOUND",
         bob.WatchJobs(spb.WatchJobsRequest(job_id=victim.id), timeout=CALL_TIMEOUT_S),
     )
+    # Her job's id answers as an id of no job does, word for word: bob cannot probe ids.
+    made_up = "j-" + "0" * (len(victim.id) - 2)
+    real = await unary_status(bob.GetJob(spb.GetJobRequest(job_id=victim.id)))
+    none = await unary_status(bob.GetJob(spb.GetJobRequest(job_id=made_up)))
+    alike = real[:2] == (none[0], none[1].replace(made_up, victim.id))
+    session.record(
+        "bob GetJob of alice's job tells it from an id of no job",
+        "ALIKE",
+        "ALIKE" if alike else "DIFFERENT",
+        f"{real[0]}: {real[1]}" if alike else f"{real[:2]} against {none[:2]}",
+    )
+    # A job of alice's that holds a GPU: bob's node list counts it without naming it.
+    holder = await session.running(users["alice"], "check-holder", "import time; time.sleep(60)")
+    await session.until(users["alice"], holder.id, {pb.JOB_STATE_RUNNING})
+    for who, token, expected in (
+        ("bob", users["bob"], "HIDDEN"),
+        ("(control) the admin", None, "SHOWN"),
+    ):
+        status = await session.jobs(token or session.target.admin_token).ClusterStatus(
+            spb.ClusterStatusRequest(), timeout=CALL_TIMEOUT_S
+        )
+        held = [job for node in status.nodes for job in node.jobs]
+        session.record(
+            f"{who}'s nodes list names alice's running job",
+            expected,
+            "SHOWN" if holder.id in held else "HIDDEN",
+            f"GPUs held: {held}",
+        )
+    await session.cancel([holder.id])
     listed = await bob.ListJobs(spb.ListJobsRequest(), timeout=CALL_TIMEOUT_S)
     seen = [j.id for j in listed.jobs if j.id == victim.id]
     session.record(

@@ -209,11 +209,12 @@ async def test_users_see_their_own_jobs_and_admins_all(secure: Secure, store: St
     )
     assert [j["id"] for j in second.json()["jobs"]] == [newer.id]
 
+    # Another user's job answers as no job does (its id and owner cannot be probed).
     denied = await secure.get(f"/api/v1/jobs/{older.id}", bob)
-    assert denied.status == 403
-    assert "belongs to alice" in denied.json()["error"]
-    assert (await secure.get(f"/api/v1/jobs/{older.id}/timeline", bob)).status == 403
-    assert (await secure.get(f"/api/v1/jobs/{older.id}/explain", bob)).status == 403
+    assert denied.status == 404
+    assert "alice" not in denied.json()["error"]
+    assert (await secure.get(f"/api/v1/jobs/{older.id}/timeline", bob)).status == 404
+    assert (await secure.get(f"/api/v1/jobs/{older.id}/explain", bob)).status == 404
     others = await secure.get("/api/v1/jobs?owner=alice", bob)
     assert others.status == 403
     one = (await secure.get(f"/api/v1/jobs/{older.id}", alice)).json()

@@ -265,6 +265,12 @@ def test_nodes_table():
     assert lines[3].split()[-1] == "-"
 
 
+def test_gpus_of_jobs_the_caller_may_not_see_are_counted_without_ids():
+    # The server sends "" for another user's job: `nodes` counts those GPUs under one label.
+    node = NodeStatus("n1", "10.0.0.1:7071", 4, "t4", {}, T0, 3, ("j-mine", "", ""))
+    assert fmt.node_row(node)[-1] == f"j-mine, {fmt.OTHERS}×2"
+
+
 def test_top_shows_summary_nodes_and_unfinished_jobs():
     done = dataclasses.replace(running_job(), id="j-done", state="SUCCEEDED")
     text = fmt.top_text(cluster(), [running_job(), pending_job(), done], NOW)

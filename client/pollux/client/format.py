@@ -649,6 +649,8 @@ def _model_pairs(explanation: Explanation) -> list[tuple[str, object]]:
 # ---- cluster ---------------------------------------------------------------------------------
 
 NODE_HEADERS = ("NODE", "GPUS", "FREE", "TYPE", "ADDRESS", "JOBS")
+OTHERS = "other users'"
+"""What `nodes` shows for GPUs held by jobs the caller may not see (the server names none)."""
 
 
 def node_row(node: NodeStatus) -> list[object]:
@@ -659,7 +661,7 @@ def node_row(node: NodeStatus) -> list[object]:
         node.free_gpus,
         node.gpu_type or NONE,
         node.address or NONE,
-        counted(node.jobs),
+        counted(job or OTHERS for job in node.jobs),
     ]
 
 

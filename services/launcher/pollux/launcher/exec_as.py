@@ -1,29 +1,17 @@
 """Start a replica's command as its job's user: the launcher's exec helper (stdlib only).
 
-Nothing may run as root with a job's environment: glibc honours LOCPATH, NLSPATH, TZDIR,
-MALLOC_TRACE and the rest of its unsafe-for-setuid list in any process that is not set-uid,
-so a root program started with the job's variables opens files the job chose. Nor may the
-job's program be exec'd by a process that still holds root's capabilities: with
-CAP_DAC_OVERRIDE the exec succeeds where the job's uid may not read or run the file (which the
-job could then read through /proc/self/exe). util-linux's setpriv does both (its setlocale
-runs with the caller's environment, and it keeps every capability through its uid change,
-PR_SET_KEEPCAPS, until the exec), so the launcher starts replicas through this file instead.
-
-The launcher runs it as ``python -I -S exec_as.py`` (`argv`: no site directory, no PYTHON*
-variable, nothing imported from the launcher's environment; this file imports only the
-standard library) with a fixed environment (`helper_env`: `BASE_ENV` and the variables that
-mark the process as the node's replica, `MARKERS`, for the watchdog and a restarted launcher).
-The job's environment comes through an inherited memfd (`env_file`) whose number is an
-argument: never through argv, which /proc/PID/cmdline shows every user. As root the helper
-reads that file and closes it, drops its supplementary groups, sets all three gids then all
-three uids to the job's (without PR_SET_KEEPCAPS every capability goes at that moment; it
-checks that none is left). Then, as the job's user: the parent-death signal (SIGKILL; a uid
-change clears it, so it is set after), an immediate SIGKILL of itself if its parent is no
-longer the launcher (the launcher died before the signal was set), the job's working dir,
-and the exec of the command with the job's environment, the program looked up on the job's
-PATH. What it cannot do it says in one line (``pollux-launcher: cannot start …``) and exits
-127 (not found) or 126 (found but not run). Without ``--user`` (a launcher that is not root,
-an image job's runtime client) it changes no identity: death signal, working dir, exec.
+Nothing may run as root with a job's environment (glibc honours LOCPATH, NLSPATH, TZDIR,
+MALLOC_TRACE … in any process that is not set-uid), nor exec the job's program while holding
+root's capabilities (with CAP_DAC_OVERRIDE it runs what the job's uid may not, readable then
+through /proc/self/exe). setpriv does both, so replicas start here instead: ``python -I -S
+exec_as.py`` (`argv`; no site dir, no PYTHON* variable) with a fixed environment
+(`helper_env`: `BASE_ENV` and the replica `MARKERS`). The job's environment comes in an
+inherited memfd (`env_file`), never in argv (/proc/PID/cmdline is world-readable). As root it
+reads it, drops its groups, sets gids then uids (no KEEPCAPS: capabilities go; it checks).
+As the job's user: parent-death SIGKILL (set after the switch, which clears it; exit at once
+if the launcher already died), the working dir, and the exec on the job's PATH with its
+environment. A failure is one line (``pollux-launcher: cannot start …``), exit 127 (not
+found) or 126 (not run). Without ``--user`` (launcher not root, image client): no switch.
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """One replica process: start, capture its output, stop it gracefully, report its exit.
 
-The command runs without a shell in a session of its own, so a stop signal reaches everything
-the replica spawned and a signal to the launcher does not reach the replica. It is started
-through the launcher's exec helper (exec_as.py, `with_launcher_fence`): the helper runs with a
-fixed environment of its own, switches to the job's uid (root's capabilities go with the
-switch), arms the parent-death signal and only then execs the command with the job's
-environment, which it reads from a memfd (never from argv). Its merged output
-is pumped line by line into a bounded in-memory ring (StreamLogs) and its log file
-(replica_log.py: a failed write drops lines, never the exit report). A stop is SIGTERM to the
-group, `grace_s` to checkpoint and exit, then SIGKILL; a stopped replica that died of SIGTERM
-reports 143, a planned stop. A non-zero exit with ENOSPC or EDQUOT in its last output lines
-(`mentions_disk_full`) reports ``disk_full``, so the scheduler fails the job rather than
-restarting it onto the same full disk. A replica in a container (containers.py) is its runtime's
-attached ``run`` client: its SIGTERM goes to the container by name (retried until the
-container exists), and once the client is gone its container is killed and removed by name
-before the exit is reported, so no container outlives its status.
+The command runs without a shell in a session of its own (a stop signal reaches all it
+spawned; the launcher's signals do not reach it), started through the exec helper (exec_as.py,
+`with_launcher_fence`): a fixed environment of its own, the switch to the job's uid (root's
+capabilities go with it), the parent-death signal, then the exec with the job's environment
+from a memfd (never argv). Output is pumped line by line into a bounded ring (StreamLogs) and
+its log file (replica_log.py: a failed write drops lines, never the exit report). A stop is
+SIGTERM to the group, `grace_s` to checkpoint, then SIGKILL; death by SIGTERM reports 143, a
+planned stop. A non-zero exit with ENOSPC or EDQUOT in its last lines (`mentions_disk_full`)
+reports ``disk_full``, so the job fails instead of restarting onto the same full disk. An
+image's replica (containers.py) is its runtime's attached ``run`` client: SIGTERM goes to the
+container by name (retried until it exists), and once the client is gone the container is
+killed and removed by name before the exit is reported.
 """
 
 from __future__ import annotations

@@ -181,6 +181,10 @@ class ServicerBase:
         if not job_id:
             raise InvalidArgument([("job_id", "required: a job id, a unique prefix or a name")])
         entry = await self.store.get_job(job_id) if len(job_id) <= MAX_JOB_REF else None
+        if entry is not None and not auth.may_act_on_job(auth.current(), entry.value.owner):
+            # Another user's job is answered as one that does not exist, word for word: an
+            # id (or its owner) must not be probed by the difference.
+            entry = None
         note = ""
         if entry is None:
             entry, note = await self._named(job_id)

@@ -179,12 +179,15 @@ class ClusterViews(ServicerBase):
             states = {}
             for entry in snapshot.jobs.values():
                 states[entry.value.state] = states.get(entry.value.state, 0) + 1
+        caller = auth.current()
         by_node: dict[str, list[str]] = {}
         for entry in snapshot.jobs.values():
             job = entry.value
             if job.state in ACTIVE:
+                # Another user's job holds the GPU: counted, but not named by its id.
+                shown = job.id if auth.may_act_on_job(caller, job.owner) else ""
                 for held in job.allocation.nodes:
-                    by_node.setdefault(held, []).append(job.id)
+                    by_node.setdefault(held, []).append(shown)
         counts = {state_name(state): n for state, n in states.items()}
         response = spb.ClusterStatusResponse(
             agents=snapshot.agents,

@@ -92,7 +92,7 @@ def jobs_request(query: Mapping[str, str]) -> spb.ListJobsRequest:
 def cluster_view(status: spb.ClusterStatusResponse) -> dict[str, Any]:
     """ClusterStatus, with GPUs per job (``job_gpus``: job id → GPUs, most first)."""
     out = to_dict(status)
-    gpus = Counter(job for node in status.nodes for job in node.jobs)
+    gpus = Counter(job for node in status.nodes for job in node.jobs if job)
     out["job_gpus"] = dict(sorted(gpus.items(), key=lambda item: (-item[1], item[0])))
     return out
 

@@ -358,6 +358,10 @@ function plural(n, noun) {
     for (const id of ids) counts.set(id, (counts.get(id) || 0) + 1);
     const out = h("span");
     for (const [id, n] of counts) {
+      if (!id) {  // held by jobs you may not see: the server names none of them
+        out.append("other users' ×" + n + "  ");
+        continue;
+      }
       const job = names[id];
       out.append(jobLink(id, job ? job.spec.name : id), " ×" + n + "  ");
     }
