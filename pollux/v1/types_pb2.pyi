@@ -359,7 +359,7 @@ class BatchConfig(_message.Message):
     def __init__(self, local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., total_batch_size: _Optional[int] = ..., predicted_speedup: _Optional[float] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid", "output_tail", "disk_full")
+    __slots__ = ("job_id", "node", "rank", "generation", "phase", "exit_code", "time", "pid", "output_tail", "disk_full", "refused")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,7 @@ class ReplicaStatus(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
     DISK_FULL_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     node: str
     rank: int
@@ -380,7 +381,8 @@ class ReplicaStatus(_message.Message):
     pid: int
     output_tail: str
     disk_full: bool
-    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
+    refused: bool
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., phase: _Optional[_Union[ReplicaPhase, str]] = ..., exit_code: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., output_tail: _Optional[str] = ..., disk_full: _Optional[bool] = ..., refused: _Optional[bool] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "nodes", "speedup", "restart_penalty", "reason", "changed", "move_factor", "speedup_one_more", "gpu_limit", "reference_gpus", "reference_nodes", "model_time")

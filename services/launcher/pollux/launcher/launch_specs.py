@@ -38,6 +38,8 @@ class JobLaunch:
         generation: Its allocation's generation.
         spec: Its spec.
         refusal: Why it may not run here (empty: it may).
+        refusal_final: The refusal is of the job itself (policy, image): every start here
+            would be refused alike; False for a shortage that passes (no free job uid).
         owner: Whom its replicas run as (None: the launcher's user).
         agent_addrs: Its agents, owner first (pollux.service.ownership).
         credential: Its replicas' credential (empty without TLS).
@@ -54,6 +56,7 @@ class JobLaunch:
     credential: str
     ca_pem: bytes
     log_dir: str | None
+    refusal_final: bool = False
 
 
 class LaunchSpecs:
@@ -108,6 +111,7 @@ class LaunchSpecs:
         if spec.image:
             refusal = "; ".join(filter(None, [*self.runtime.problems(job_id, spec), refusal]))
         owner = self.workspaces.run_as
+        final = bool(refusal)
         if not refusal:
             try:
                 owner = await self.workspaces.job_user(job_id)
@@ -128,6 +132,7 @@ class LaunchSpecs:
             refusal=refusal,
             owner=owner,
             agent_addrs=list(agent_addrs),
+            refusal_final=final,
             credential=credential,
             ca_pem=ca_pem,
             log_dir=log_dir,
@@ -153,6 +158,7 @@ class LaunchSpecs:
                 log_path=log_path,
                 run_as=owner,
                 refusal=launch.refusal,
+                refusal_final=launch.refusal_final,
             )
         dirs = self.workspaces.prepare_dirs(
             launch.job_id, launch.generation, owner, launch.ca_pem, scratch=not spec.image

@@ -186,6 +186,8 @@ class LaunchSpec:
             launcher's own (job_policy.JobPolicy.run_as); they own the log file too.
         refusal: Why the launcher's job policy refuses the job; when set, nothing runs and
             the replica exits 127 with this reason in its log.
+        refusal_final: The refusal is of the job itself (its working dir, its environment):
+            every start would be refused alike, so its status says `refused`.
         container: The container `command` runs (a runtime's ``run``), or None for a plain
             process.
         log_max_bytes: Size at which the log file is rotated.
@@ -199,6 +201,7 @@ class LaunchSpec:
     log_path: Path | None
     run_as: RunAs | None = None
     refusal: str = ""
+    refusal_final: bool = False
     container: Container | None = None
     log_max_bytes: int = 64 * 1024 * 1024
     log_rotations: int = 2
@@ -281,6 +284,8 @@ class Replica:
         """Mod revision of this replica's last status write (0: none yet)."""
         self.exit_reported = False
         self.disk_full = ""
+        self.refused = False
+        """Its launcher refused the job itself (`LaunchSpec.refusal_final`): never retried."""
         """The output line that says the replica failed on a full disk ("": it did not)."""
         self._process: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -317,6 +322,7 @@ class Replica:
             if self.disk_full:
                 status.disk_full = True
                 status.output_tail = output_tail([self.disk_full])
+            status.refused = self.refused
         status.time.FromNanoseconds(int((self.exited_at or self.started_at) * 1e9))
         return status
 
@@ -351,7 +357,8 @@ class Replica:
             self.log.append(message)
             sink.write([message])
             sink.close()
-            self._log.warning("replica_refused", reason=spec.refusal)
+            self._log.warning("replica_refused", reason=spec.refusal, final=spec.refusal_final)
+            self.refused = spec.refusal_final
             self._finish(SPAWN_FAILED)
             return
         self._container = spec.container

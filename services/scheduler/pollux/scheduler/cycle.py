@@ -341,7 +341,18 @@ def _reconcile(
         said = f" ({advice})" if advice else ""
         said += f": {first.output_tail}" if first.output_tail else ""
         full = next((s for s in failed if s.disk_full), None)
-        if full is not None:
+        refused = next((s for s in failed if s.refused), None)
+        if refused is not None:
+            # The launcher refuses the job itself: any restart would be refused alike.
+            _release(job, now, plan)
+            transition(
+                job,
+                pb.JOB_STATE_FAILED,
+                now,
+                f"replica {refused.rank} on {refused.node} was refused by its launcher, not "
+                f"restarted (fix the job, then resubmit): {refused.output_tail}",
+            )
+        elif full is not None:
             # Restarting would only meet the same full disk (and fill it again): fail now.
             _release(job, now, plan)
             what = f"replica {full.rank} on {full.node} exited {full.exit_code}"
