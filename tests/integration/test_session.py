@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from pollux.service.session import LeasedRegistration, LeaseSession
-from pollux.service.store import Store
+from pollux.service.store import Store, StoreUnavailable
 from pollux.v1 import types_pb2 as pb
 from tests.etcd_server import EtcdServer
 from tests.waiting import eventually
@@ -61,8 +61,18 @@ async def test_an_unreachable_etcd_loses_the_lease_after_one_ttl(
 ) -> None:
     store = await Store.connect(private_etcd.endpoint, "/pollux-test", timeout_s=1.0)
     session = LeaseSession(store, 3, holder="test")
+
+    async def granted() -> bool:
+        # A just-started etcd on a busy machine may take longer than the store's short
+        # timeout (kept short so that the frozen etcd below fails calls fast) to grant one.
+        try:
+            await session.start()
+        except StoreUnavailable:
+            return False
+        return True
+
     try:
-        await session.start()
+        await eventually(granted, 30, "the private etcd to grant a lease")
         os.kill(private_etcd.process.pid, signal.SIGSTOP)
         frozen_at = asyncio.get_running_loop().time()
         await asyncio.wait_for(session.lost.wait(), timeout=8)
