@@ -41,6 +41,7 @@ try:
         ownership,
         replica_files,
         replica_start,
+        secrets_out,
         terminal,
         tokens,
         transport,
@@ -55,6 +56,7 @@ except (
         ownership,
         replica_files,
         replica_start,
+        secrets_out,
         terminal,
         tokens,
         transport,
@@ -87,6 +89,7 @@ async def attempt_all(session: Session) -> None:
     await bounds.submit_caps(session, users)
     await replica_files.replica_reads(session, users)  # replica isolation
     await replica_start.root_start(session, users)  # nothing of root's for a job's start
+    await secrets_out.token_on_output(session)  # no admin token where others may read it
 
 
 async def run_checks(target: Target) -> list[Attempt]:

@@ -91,6 +91,9 @@ EXPECTED = {
     "(control) a job runs the system's id": "RAN",
     "a job's LOCPATH names locale files only root may open": "UNTOUCHED",
     "(control) a root process given that LOCPATH opens the locale files": "OPENED",
+    # Nothing prints or leaves the admin token where another user may read it.
+    "the admin token in a service's stdout or stderr": "ABSENT",
+    "the admin token in a world-readable file of the work dir": "ABSENT",
 }
 """Each attempt the issue asks for (by the start of its name) and the answer it must get."""
 

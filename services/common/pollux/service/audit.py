@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 import time
 from collections import deque
@@ -33,6 +34,19 @@ AUDITED = prometheus_client.Counter(
 MAX_DETAIL = 256
 QUEUE_LIMIT = 10_000
 BATCH = 64
+
+
+_SECRETS = re.compile(r"(pollux_[0-9a-f]{12}_|pjc\.)[^\s\"',;]+")
+"""An API token's secret part (its id stays), or a job credential after its prefix."""
+
+
+def redacted(text: str) -> str:
+    """`text` with every token secret and job credential it holds cut to "…".
+
+    A caller may put a secret where an id belongs (RevokeToken of a whole token, say): it is
+    audited by its id, never written to a log or etcd in full.
+    """
+    return _SECRETS.sub(r"\1…", text)
 
 
 class AuditLog:
@@ -67,7 +81,8 @@ class AuditLog:
         outcome: str,
         detail: str = "",
     ) -> None:
-        """Log one audited call and queue its record."""
+        """Log one audited call and queue its record (secrets a caller sent, redacted)."""
+        target, detail = redacted(target), redacted(detail)
         log.info(
             "audit",
             principal=principal,
