@@ -65,16 +65,22 @@ async def _root_only_program(session: Session, token: str, closed: Path) -> None
         session.record(name, expected, got, message)
 
 
-async def _locale_files(session: Session, token: str, closed: Path) -> None:
-    locpath = closed / "locales"
+def locale_trap(directory: Path) -> Path:
+    """A LOCPATH in `directory` whose locale files are FIFOs: an open blocks until written."""
+    locpath = directory / "locales"
     (locpath / LOCALE).mkdir(parents=True)
     for category in CATEGORIES.split():
         os.mkfifo(locpath / LOCALE / f"LC_{category}")
+    return locpath
+
+
+async def _locale_files(session: Session, token: str, closed: Path) -> None:
+    locpath = locale_trap(closed)
     env = {"LOCPATH": str(locpath), "LC_ALL": LOCALE}
     control = await asyncio.create_subprocess_exec(
         "env", env={"PATH": "/usr/bin:/bin", **env}, stdout=asyncio.subprocess.DEVNULL
     )
-    opened = await _opened_while(locpath, control.wait())
+    opened = await opened_while(locpath, control.wait())
     session.record(
         "(control) a root process given that LOCPATH opens the locale files",
         "OPENED",
@@ -83,7 +89,7 @@ async def _locale_files(session: Session, token: str, closed: Path) -> None:
     )
     run = session.run_command(token, "check-locpath", ["true"], env, max_failures=1)
     job = asyncio.ensure_future(run)
-    opened = await _opened_while(locpath, job)
+    opened = await opened_while(locpath, job)
     if job.result() is None:
         return  # run_command recorded the timeout
     session.record(
@@ -94,7 +100,7 @@ async def _locale_files(session: Session, token: str, closed: Path) -> None:
     )
 
 
-async def _opened_while(locpath: Path, running: Awaitable[object]) -> list[str]:
+async def opened_while(locpath: Path, running: Awaitable[object]) -> list[str]:
     """The locale FIFOs some process opened while `running` (awaitable) ran to its end.
 
     Each opener is fed a few bytes and the FIFO closed, so it goes on rather than hang.

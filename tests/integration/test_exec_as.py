@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from benchmarks.security_attempts.replica_start import LOCALE, locale_trap, opened_while
 from pollux.launcher import exec_as
 from pollux.launcher.job_policy import DEFAULT_JOB_UIDS, RunAs
 from pollux.launcher.replica import LaunchSpec, Replica, with_launcher_fence
@@ -33,24 +33,6 @@ JOB_UID = DEFAULT_JOB_UIDS[1] - 2
 """A job uid no test cluster claims (claims probe from a point derived from the job id; the
 last uid of the range is job_reach's probe uid)."""
 SECRET = "s3cr3t-value-of-a-secret-env"
-LOCALE = "xx_XX.UTF-8"
-CATEGORIES = [
-    f"LC_{name}"
-    for name in [
-        "IDENTIFICATION",
-        "CTYPE",
-        "NUMERIC",
-        "TIME",
-        "COLLATE",
-        "MONETARY",
-        "MESSAGES",
-        "PAPER",
-        "NAME",
-        "ADDRESS",
-        "TELEPHONE",
-        "MEASUREMENT",
-    ]
-]
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -103,63 +85,25 @@ async def test_the_command_runs_as_the_job_uid_with_exactly_the_jobs_environment
     assert sorted(lines) == sorted(f"{name}={value}" for name, value in env.items())
 
 
-@contextlib.contextmanager
-def locale_trap(directory: Path) -> Iterator[Path]:
-    """A LOCPATH whose locale files are FIFOs: opening one blocks until someone writes."""
-    locpath = directory / "locales"
-    (locpath / LOCALE).mkdir(parents=True)
-    for category in CATEGORIES:
-        os.mkfifo(locpath / LOCALE / category)
-    yield locpath
-
-
-async def watch_opens(locpath: Path, opened: list[str], stop: asyncio.Event) -> None:
-    """Note every locale FIFO some process opened (for reading), and let that process go on."""
-    while not stop.is_set():
-        for fifo in sorted((locpath / LOCALE).iterdir()):
-            try:
-                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no reader
-            except OSError:
-                continue
-            opened.append(fifo.name)
-            with contextlib.suppress(OSError):
-                os.write(fd, b"not a locale")
-            os.close(fd)
-        await asyncio.sleep(0.01)
-
-
-async def opened_while(locpath: Path, started: asyncio.Future[Any]) -> list[str]:
-    """The locale FIFOs opened while `started` runs to its end."""
-    opened: list[str] = []
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(watch_opens(locpath, opened, stop))
-    try:
-        await started
-    finally:
-        stop.set()
-        await watcher
-    return opened
-
-
 @as_root
 async def test_nothing_runs_as_root_with_the_jobs_locale_variables(tmp_path: Path) -> None:
     # glibc honours LOCPATH in any process that is not set-uid: a root process started with
     # the job's environment opens the job's locale files (setpriv did, before the switch).
-    with locale_trap(root_only(tmp_path)) as locpath:
-        env = job_env(LOCPATH=str(locpath), LC_ALL=LOCALE)
-        # Control: a root process with that environment does open them (the trap works).
-        control = await asyncio.create_subprocess_exec(
-            "env", env=env, stdout=asyncio.subprocess.DEVNULL
-        )
-        assert await opened_while(locpath, asyncio.ensure_future(control.wait())), "no trap"
-        # The replica's start: the helper runs as root with its own environment only, and the
-        # job's `env` (which calls setlocale) runs as the job's uid, which may not open them.
-        spec = LaunchSpec(["env"], env, "/", None, run_as=RunAs(JOB_UID, JOB_UID))
-        started = asyncio.ensure_future(run(spec))
-        assert await opened_while(locpath, started) == []
-        code, lines = started.result()
-        assert code == 0, lines
-        assert f"LOCPATH={locpath}" in lines  # the job did get its variables
+    locpath = locale_trap(root_only(tmp_path))
+    env = job_env(LOCPATH=str(locpath), LC_ALL=LOCALE)
+    # Control: a root process with that environment does open them (the trap works).
+    control = await asyncio.create_subprocess_exec(
+        "env", env=env, stdout=asyncio.subprocess.DEVNULL
+    )
+    assert await opened_while(locpath, control.wait()), "no trap"
+    # The replica's start: the helper runs as root with its own environment only, and the
+    # job's `env` (which calls setlocale) runs as the job's uid, which may not open them.
+    spec = LaunchSpec(["env"], env, "/", None, run_as=RunAs(JOB_UID, JOB_UID))
+    started = asyncio.ensure_future(run(spec))
+    assert await opened_while(locpath, started) == []
+    code, lines = started.result()
+    assert code == 0, lines
+    assert f"LOCPATH={locpath}" in lines  # the job did get its variables
 
 
 @as_root
