@@ -55,7 +55,7 @@ async def other_users_jobs(session: Session, users: dict[str, str]) -> None:
     none = await unary_status(bob.GetJob(spb.GetJobRequest(job_id=made_up)))
     alike = real[:2] == (none[0], none[1].replace(made_up, victim.id))
     session.record(
-        "bob GetJob of alice's job tells it from an id of no job",
+        "the answer bob gets for alice's job id and for an id of no job",
         "ALIKE",
         "ALIKE" if alike else "DIFFERENT",
         f"{real[0]}: {real[1]}" if alike else f"{real[:2]} against {none[:2]}",

@@ -44,7 +44,7 @@ EXPECTED = {
     "bob CancelJob of alice's job": "NOT_FOUND",
     "bob DeleteJob of alice's job": "NOT_FOUND",
     "bob StreamLogs of alice's job": "NOT_FOUND",
-    "bob GetJob of alice's job tells it from an id of no job": "ALIKE",
+    "the answer bob gets for alice's job id and for an id of no job": "ALIKE",
     "bob's nodes list names alice's running job": "HIDDEN",
     "(control) the admin's nodes list names alice's running job": "SHOWN",
     "alice's job after bob's attempts": "UNCHANGED",
