@@ -68,16 +68,15 @@ ensure_venv() {
     if [[ ",$extras," == *",train,"* ]]; then
       # Exactly this version first: pip then takes the CPU build where the machine provides
       # one, and the train extra's range (which 2.13.0 satisfies) installs nothing more.
-      "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile "torch==2.13.0"
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
     fi
     local editables=(-e "$target")
     for dist in "${DISTRIBUTIONS[@]}"; do editables+=(-e "$POLLUX_ROOT/$dist"); done
     # A checkout made before the services became distributions of their own had one "pollux"
     # holding everything; pip replaces it in place.
-    # --no-compile: Python compiles what is imported when it is first imported; compiling
-    # every module of every package at install took half a minute on 2 cores.
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile \
-      "${editables[@]}"
+    # Compiled at install (pip's default), not at first import: replicas run under job uids
+    # that may not write the environment's __pycache__, and would compile torch every start.
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${editables[@]}"
     echo "$want" >"$stamp"
   fi
 }
