@@ -25,6 +25,13 @@ log = structlog.get_logger(__name__)
 SERVICE_NAME = lpb.DESCRIPTOR.services_by_name["LauncherService"].full_name
 """Fully qualified service name, for health and reflection."""
 
+MESSAGE_BYTES = 32 * 1024
+"""Most log bytes in one StreamLogs message (a longer line goes alone).
+
+Small, because whoever relays the stream holds a message while its reader is slow: the
+scheduler's bound on a stalled follower's memory counts on it (pollux.scheduler.logs).
+"""
+
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -62,13 +69,13 @@ class LauncherServicer:
         lines, cursor = replica.log.tail(request.tail_lines, since)
         sent = len(lines)
         # The first message comes at once, even empty: it tells the client the generation.
-        for batch in batches(lines) if lines else [[]]:
+        for batch in batches(lines, MESSAGE_BYTES) if lines else [[]]:
             yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
         if request.follow:
             async for new_lines in replica.log.follow(cursor):
                 sent += len(new_lines)
                 annotate(lines=sent)
-                for batch in batches(new_lines):
+                for batch in batches(new_lines, MESSAGE_BYTES):
                     yield lpb.StreamLogsResponse(lines=batch, generation=replica.generation)
         annotate(lines=sent)
 

@@ -3,11 +3,28 @@
 Launcher ports accept only the services' certificates, so a person's `pollux-cli logs` asks
 a scheduler replica, which checks the caller may see the job, finds the node that runs (or
 last ran) the rank, and relays that launcher's stream over its own mTLS channel.
+
+A relayed stream holds a bounded number of bytes in the scheduler, whatever its reader does.
+The relay asks the launcher for its next message only once gRPC took the previous one for the
+reader, so a reader that stops reading stops the relay; what the launcher may send meanwhile
+is capped by the relay's HTTP/2 stream window. gRPC grows that window by probing the
+connection's bandwidth-delay product, to megabytes on a fast link (a stalled follower of a job
+writing 2 MB/s held 4-8 MB in the scheduler, received and never read), so relay channels turn
+the probe off and fix the window at `RELAY_WINDOW_BYTES`. With the launcher's messages of at
+most 32 KiB (pollux.launcher.servicer), a stalled stream holds that window, the message being
+relayed and its encoding for the reader; with a stream's own state, its relayed call and its
+share of the connections that measures 205-227 KiB, within the 256 KiB per stream (256 MB for
+the default `streams_per_replica` of 1024) of docs/architecture.md §9. Every relay from one
+launcher shares one channel (`_relay_channel`). Nothing is dropped at the scheduler: a reader
+that reads again gets the lines that waited, and one that falls more than the launcher's ring
+(`log_ring_lines`) behind resumes at the oldest line the ring still holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -19,6 +36,24 @@ from pollux.v1 import launcher_service_pb2_grpc as lpb_grpc
 from pollux.v1 import types_pb2 as pb
 
 LIST_TIMEOUT_S = 5.0
+
+RELAY_WINDOW_BYTES = 16 * 1024
+"""HTTP/2 stream window of a relay's call to a launcher: what the launcher may send ahead."""
+
+RELAY_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.bdp_probe", 0),  # no window growth past the one below (see the module doc)
+    ("grpc.http2.lookahead_bytes", RELAY_WINDOW_BYTES),  # chttp2's initial stream window
+)
+"""Options of the relays' channels to launchers (grpc core's channel arguments)."""
+
+
+@dataclass
+class _Shared:
+    """A channel to one launcher and the relays using it."""
+
+    channel: grpc.aio.Channel
+    tls_generation: int
+    streams: int = 0
 
 
 class LauncherLogs:
@@ -33,11 +68,51 @@ class LauncherLogs:
     def __init__(self, store: Store, tls: TlsFiles | None) -> None:
         self.store = store
         self.tls = tls
+        self._shared: dict[str, _Shared] = {}
+
+    @property
+    def relay_channels(self) -> int:
+        """Channels to launchers open for relays now (one per launcher relayed from)."""
+        return len(self._shared)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if self.tls is None:
-            return grpc.aio.insecure_channel(address)
-        return grpc.aio.secure_channel(address, self.tls.channel_credentials())
+            return grpc.aio.insecure_channel(address, options=RELAY_OPTIONS)
+        return grpc.aio.secure_channel(
+            address, self.tls.channel_credentials(), options=RELAY_OPTIONS
+        )
+
+    def _tls_generation(self) -> int:
+        """The generation of the TLS files now (re-read if they changed); 0 without TLS."""
+        if self.tls is None:
+            return 0
+        self.tls.current()
+        return self.tls.generation
+
+    @contextlib.asynccontextmanager
+    async def _relay_channel(self, address: str) -> AsyncIterator[grpc.aio.Channel]:
+        """The channel to `address` that every relay from it shares while one is open.
+
+        One connection per launcher, not one per stream: a connection (its TLS session, its
+        buffers) costs more than a stream's window, and a thousand handshakes cost CPU. Each
+        stream keeps a window of its own, so a stalled one holds up no other. A channel made
+        before the TLS files changed serves the streams it has and no new one; each closes
+        with its last stream.
+        """
+        generation = self._tls_generation()
+        shared = self._shared.get(address)
+        if shared is None or shared.tls_generation != generation:
+            shared = _Shared(self._channel(address), generation)
+            self._shared[address] = shared
+        shared.streams += 1
+        try:
+            yield shared.channel
+        finally:
+            shared.streams -= 1
+            if shared.streams == 0:
+                if self._shared.get(address) is shared:
+                    del self._shared[address]
+                await shared.channel.close()
 
     async def _generations(self, address: str, job_id: str, rank: int) -> list[int]:
         """Generations of that replica on one launcher; [] if it cannot answer."""
@@ -95,7 +170,7 @@ class LauncherLogs:
         forwarded.CopyFrom(request)
         forwarded.job_id = job.id
         address = await self._address(job, forwarded.rank, forwarded.min_generation)
-        async with self._channel(address) as channel:
+        async with self._relay_channel(address) as channel:
             call = lpb_grpc.LauncherServiceStub(channel).StreamLogs(forwarded)
             try:
                 async for response in call:
