@@ -1,29 +1,16 @@
 """Users try to jam a secure local cluster: open streams and submits, or stalled log follows.
 
-A real secure `LocalCluster` (as `pollux-up` starts it) gets two users of one tenant.
-`mallory`, from her own process, opens `--streams` streams at the leader (three quarters
-WatchJobs, a quarter StreamLogs of a job of hers) and sends `--submits` submits of short jobs,
-64 at a time, while this process samples the schedulers' memory, the leader and `victor`'s
-`ls` latency. Then victor submits a job: the rounds that saw it waiting are counted, the
-placing one included (its allocation's round less the first round recording it, plus one).
-Default limits (pollux.scheduler.limits); `--raise-stream-caps` lifts the stream caps.
+Default mode: in a secure `LocalCluster`, `mallory` opens `--streams` streams at the leader (3/4
+WatchJobs, 1/4 StreamLogs) and sends `--submits` submits, 64 at a time, while the schedulers'
+memory, the leader and `victor`'s `ls` latency are sampled; then victor's job must be placed
+within two rounds. Targets: RSS peak < 400 MB, 0 leader changes, `ls` <= 1 s.
+`--stalled-follows`: `--users` users each run a job writing `--write-mb-s` MB/s and open
+`--follows` StreamLogs follows of it that read one message and stall for `--hold-s` s
+(initial reader window `--reader-window-kib`, 0: gRPC's growing one); per-user caps admit them,
+the replica's stays 1024. Targets: leader RSS growth <= STALLED_FOLLOW_MB per open stream
+(architecture.md §9), 0 leader changes, admin `ls` <= 0.1 s while held. Exit 1 on a miss.
 
     python benchmarks/abuse.py [--streams 800] [--submits 3000] [--raise-stream-caps]
-
-Targets: scheduler RSS peak < 400 MB, 0 leader changes, victor's `ls` <= 1 s, his job placed
-within two rounds; exit 1 unless all are met. Figures: docs/architecture.md §9.
-
-`--stalled-follows` measures stalled log followers instead: `--users` users (3) each run a job
-writing `--write-mb-s` MB/s (2) of log and, each from a process of their own, open `--follows`
-`StreamLogs --follow` streams of it at the leader (400), read the first message and never read
-again, holding them `--hold-s` s (30). Their streams keep gRPC's initial 64 KiB window
-(`--reader-window-kib`; 0 lets gRPC grow it, so the readers take megabytes each before they
-stall). Each user's stream cap admits their follows; the replica's stays at its default (1024)
-unless `--raise-stream-caps`. Meanwhile an admin's `ls` is timed and the leader watched.
-Targets: the leader's RSS grows by at most STALLED_FOLLOW_MB per open stream (the budget of
-docs/architecture.md §9), 0 leader changes, the admin's `ls` <= 0.1 s while the streams are
-held.
-
     python benchmarks/abuse.py --stalled-follows [--users 3] [--follows 400] [--write-mb-s 2]
 """
 

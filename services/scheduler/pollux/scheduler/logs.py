@@ -1,23 +1,15 @@
 """Replica logs through the scheduler: clients never dial a launcher.
 
-Launcher ports accept only the services' certificates, so a person's `pollux-cli logs` asks
-a scheduler replica, which checks the caller may see the job, finds the node that runs (or
-last ran) the rank, and relays that launcher's stream over its own mTLS channel.
-
-A relayed stream holds a bounded number of bytes in the scheduler, whatever its reader does.
-The relay asks the launcher for its next message only once gRPC took the previous one for the
-reader, so a reader that stops reading stops the relay; what the launcher may send meanwhile
-is capped by the relay's HTTP/2 stream window. gRPC grows that window by probing the
-connection's bandwidth-delay product, to megabytes on a fast link (a stalled follower of a job
-writing 2 MB/s held 4-8 MB in the scheduler, received and never read), so relay channels turn
-the probe off and fix the window at `RELAY_WINDOW_BYTES`. With the launcher's messages of at
-most 32 KiB (pollux.launcher.servicer), a stalled stream holds that window, the message being
-relayed and its encoding for the reader; with a stream's own state, its relayed call and its
-share of the connections that measures 205-227 KiB, within the 256 KiB per stream (256 MB for
-the default `streams_per_replica` of 1024) of docs/architecture.md §9. Every relay from one
-launcher shares one channel (`_relay_channel`). Nothing is dropped at the scheduler: a reader
-that reads again gets the lines that waited, and one that falls more than the launcher's ring
-(`log_ring_lines`) behind resumes at the oldest line the ring still holds.
+A person's `pollux-cli logs` asks a scheduler replica (launcher ports accept only services'
+certificates), which checks the caller may see the job, finds the node that runs (or ran) the
+rank and relays that launcher's stream over its own mTLS channel, one shared per launcher.
+A relay holds bounded bytes whatever its reader does: it reads the launcher's next message
+only once the last one was handed to the reader's connection, and its channel turns gRPC's
+bandwidth probing off and fixes the stream window at `RELAY_WINDOW_BYTES` (the probe grew it to
+megabytes: a stalled follower of a 2 MB/s job held 4.2 MB). With launcher messages of at most
+32 KiB a stalled stream holds about 200 KiB; 1024 streams about 200 MB (architecture.md §9).
+Nothing is dropped here; a follower more than the launcher's ring behind resumes at its oldest
+line.
 """
 
 from __future__ import annotations
