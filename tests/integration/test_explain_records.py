@@ -9,28 +9,16 @@ built here) and names the holders the caller may see.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from pollux.scheduler.api.cluster import _allocation_decision
 from pollux.service.store import Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
-from tests.etcd_server import EtcdServer
-from tests.integration.test_scheduler import Replica, add_node, config, spec
+from tests.integration.test_scheduler import Replica, add_node, spec
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-1")).start()
-    try:
-        yield r
-    finally:
-        await r.stop()
 
 
 async def test_a_round_records_the_rules_explain_names(replica: Replica, store: Store) -> None:

@@ -7,26 +7,14 @@ tests/integration/test_agent_service.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 import pytest
 
 from pollux.service.store import Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
-from tests.etcd_server import EtcdServer
-from tests.integration.test_scheduler import Replica, add_node, config, spec
+from tests.integration.test_scheduler import Replica, add_node, spec
 from tests.waiting import eventually
-
-
-@pytest.fixture
-async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-1")).start()
-    try:
-        yield r
-    finally:
-        await r.stop()
 
 
 async def submit(replica: Replica, name: str, request_id: str) -> pb.Job:

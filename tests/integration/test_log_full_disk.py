@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -18,10 +18,8 @@ import structlog
 from prometheus_client import REGISTRY
 
 from pollux.service.logging import LOG_HEALTH, SafeLoggerFactory
-from pollux.service.store import Store
 from pollux.v1 import scheduler_service_pb2 as spb
-from tests.etcd_server import EtcdServer
-from tests.integration.test_scheduler import Replica, config, spec
+from tests.integration.test_scheduler import Replica, spec
 
 FULL = Path("/dev/full")
 
@@ -49,15 +47,6 @@ def full_disk() -> Iterator[TextIO]:
     finally:
         with contextlib.suppress(OSError):  # what is still buffered cannot be written either
             stream.close()
-
-
-@pytest.fixture
-async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-1")).start()
-    try:
-        yield r
-    finally:
-        await r.stop()
 
 
 async def test_a_full_log_disk_drops_lines_counts_them_and_recovers(

@@ -9,7 +9,6 @@ user runs it, through the real client over gRPC, in a thread beside the server's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -17,30 +16,13 @@ import pytest
 from pollux.client import cli
 from pollux.client.client import Client
 from pollux.scheduler.api.base import RESOLVED_ID_KEY, RESOLVED_NOTE_KEY
-from pollux.service.store import Store
 from pollux.v1 import scheduler_service_pb2 as spb
 from pollux.v1 import types_pb2 as pb
-from tests.etcd_server import EtcdServer
-from tests.integration.test_scheduler import Replica, config, spec
+from tests.integration.test_job_references import submit
+from tests.integration.test_scheduler import Replica
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-1")).start()
-    try:
-        yield r
-    finally:
-        await r.stop()
-
-
-async def submit(replica: Replica, name: str, request_id: str) -> pb.Job:
-    response = await replica.stub.SubmitJob(
-        spb.SubmitJobRequest(spec=spec(name), request_id=request_id)
-    )
-    return response.job
 
 
 async def finished(replica: Replica, job: pb.Job) -> pb.Job:

@@ -82,15 +82,6 @@ class Replica:
         await self.app.stop()
 
 
-@pytest.fixture
-async def replica(etcd: EtcdServer, root: str, store: Store) -> AsyncIterator[Replica]:
-    r = await Replica(store, config(etcd, root, "s-1")).start()
-    try:
-        yield r
-    finally:
-        await r.stop()
-
-
 async def placing_decision(store: Store, job_id: str) -> pb.Decision:
     """The record of the round that gave the job GPUs, once written.
 
